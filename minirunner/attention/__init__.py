@@ -1,0 +1,53 @@
+"""Attention backends and the choice between them (``attention_backend="torch"|"triton"|"flashinfer"|"auto"``)."""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from minirunner.attention.base import AttentionBackend
+from minirunner.attention.metadata import AttentionMetadata
+
+# name -> "module:Class", imported only when chosen (triton and flashinfer are optional).
+BACKENDS = {
+    "torch": "minirunner.attention.torch_backend:TorchAttentionBackend",
+    "triton": "minirunner.attention.triton_backend:TritonAttentionBackend",
+    "flashinfer": "minirunner.attention.flashinfer_backend:FlashInferAttentionBackend",
+}
+
+
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except Exception:
+        return False
+    return True
+
+
+def resolve_backend_name(name: str, device: torch.device) -> str:
+    """``auto``: flashinfer if importable on CUDA, else triton on CUDA, else torch."""
+    if name != "auto":
+        if name not in BACKENDS:
+            raise ValueError(f"unknown attention_backend {name!r}; choose one of "
+                             f"{sorted(BACKENDS) + ['auto']}")
+        return name
+    if device.type == "cuda":
+        if _importable("flashinfer"):
+            return "flashinfer"
+        if _importable("triton"):
+            return "triton"
+    return "torch"
+
+
+def get_backend_class(name: str) -> type[AttentionBackend]:
+    module, cls = BACKENDS[name].split(":")
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except ImportError as e:
+        raise ValueError(f"attention_backend={name!r} is not available here ({e}); "
+                         "use attention_backend='torch'") from e
+
+
+__all__ = ["AttentionBackend", "AttentionMetadata", "BACKENDS", "get_backend_class",
+           "resolve_backend_name"]
