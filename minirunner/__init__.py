@@ -2,3 +2,11 @@
 
 ``from minirunner import LLM, SamplingParams`` mirrors vLLM's offline API.
 """
+
+from minirunner.llm import LLM
+from minirunner.outputs import CompletionOutput, RequestMetrics, RequestOutput, StreamChunk
+from minirunner.sampling_params import SamplingParams
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics",
+           "StreamChunk"]
+__version__ = "0.1.0"

@@ -1,0 +1,172 @@
+"""Configuration: the model's architecture (read from a Hugging Face config.json) and the engine's knobs.
+
+Owns validation of everything a user configures: a config needing a feature minirunner lacks is refused
+here with an error naming it. Nothing deeper in the engine reads environment variables or globals.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+# architecture name -> (q/k/v projections carry a bias, per-head RMSNorm on q and k)
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": (None, False),
+    "MistralForCausalLM": (None, False),
+    "Qwen2ForCausalLM": (True, False),
+    "Qwen3ForCausalLM": (None, True),
+}
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+
+_DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+           "float16": torch.float16, "half": torch.float16}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype in _DTYPES.values():
+            return dtype
+        raise ValueError(f"dtype {dtype} is not supported; use float32, bfloat16 or float16")
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; use 'auto', 'float32', 'bfloat16' "
+                         "or 'float16'")
+    return _DTYPES[dtype]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture numbers the forward pass needs, read from config.json."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    qk_norm: bool
+    rope_theta: float
+    rope_scaling: dict = field(default_factory=dict)  # {} or llama3 parameters
+    eos_token_ids: tuple[int, ...] = ()
+    sliding_window: int | None = None
+    config_dtype: str | None = None
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> ModelConfig:
+        path = Path(model_dir)
+        if not path.is_dir():
+            raise ValueError(f"model directory {str(model_dir)!r} does not exist")
+        cfg_file = path / "config.json"
+        if not cfg_file.is_file():
+            raise ValueError(f"{str(model_dir)!r} holds no config.json: point model= at a Hugging "
+                             "Face checkpoint directory (config.json + *.safetensors)")
+        try:
+            cfg = json.loads(cfg_file.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"config.json in {str(model_dir)!r} is not valid JSON: {e}") from e
+        return cls.from_dict(cfg)
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> ModelConfig:
+        archs = cfg.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ValueError(f"architecture {archs or cfg.get('model_type')!r} is not supported; "
+                             f"minirunner runs {sorted(SUPPORTED_ARCHITECTURES)}")
+        bias_default, qk_norm = SUPPORTED_ARCHITECTURES[arch]
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {cfg['hidden_act']!r} is not supported (only 'silu')")
+        heads = cfg["num_attention_heads"]
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        rope_theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(f"rope type {rope_type!r} is not supported; minirunner implements "
+                             f"{list(SUPPORTED_ROPE_TYPES)}")
+        if cfg.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError("partial rotary embeddings (partial_rotary_factor != 1) are not supported")
+        window = cfg.get("sliding_window")
+        uses_window = cfg.get("use_sliding_window", arch == "MistralForCausalLM")
+        layer_types = cfg.get("layer_types") or []
+        if any(t != "full_attention" for t in layer_types):
+            raise ValueError(f"layer types {sorted(set(layer_types))} are not supported: minirunner "
+                             "implements full attention only (no sliding-window layers)")
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_q_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=head_dim,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            attention_bias=cfg.get("attention_bias", bias_default) or False,
+            qk_norm=qk_norm,
+            rope_theta=float(rope_theta),
+            rope_scaling=rope if rope_type == "llama3" else {},
+            eos_token_ids=eos_ids,
+            sliding_window=window if (uses_window and window) else None,
+            config_dtype=cfg.get("dtype") or cfg.get("torch_dtype"),
+        )
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
+        elem = torch.tensor([], dtype=dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+
+
+@dataclass
+class EngineConfig:
+    """Every knob of the engine, validated once. ``num_kv_blocks`` wins over ``kv_cache_memory_bytes``,
+    which wins over ``gpu_memory_utilization`` (CUDA only)."""
+
+    model: str
+    dtype: torch.dtype
+    device: torch.device
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = False
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    attention_backend: str = "auto"
+    seed: int = 0
+
+    def validate(self, model_config: ModelConfig) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        limit = model_config.max_position_embeddings
+        window = model_config.sliding_window
+        if self.max_model_len is None:
+            self.max_model_len = min(limit, window) if window else limit
+        if not 1 <= self.max_model_len <= limit:
+            raise ValueError(f"max_model_len={self.max_model_len} must be in [1, {limit}] "
+                             "(the model's max_position_embeddings)")
+        if window is not None and self.max_model_len > window:
+            raise ValueError(f"the model uses sliding-window attention (window {window}), which "
+                             f"minirunner does not implement; pass max_model_len <= {window} so the "
+                             "window never applies")

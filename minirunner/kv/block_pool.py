@@ -1,0 +1,136 @@
+"""BlockPool: the physical KV blocks — free list, reference counts and the prefix-cache hash map.
+
+Owns which block is free, how many block tables hold each one, and which full blocks are cached under a
+chained hash. It never touches KV tensors and never decides which request gets blocks (the manager does).
+
+A block with ref count 0 sits in the free queue; if it still holds a cached hash it can be revived by a
+prefix hit until it is handed out again, at which point its hash is evicted (LRU: the queue's head is the
+least recently freed).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+
+def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    """Hash of a full block: its parent block's hash and its own token ids, so equal hashes mean equal
+    prefixes (checked against the stored key, so a collision can never share wrong KV)."""
+    return hash((parent_hash, token_ids))
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int):
+        if num_blocks < 1:
+            raise ValueError("a KV block pool needs at least one block")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.ref_counts = [0] * num_blocks
+        # ordered set of free block ids; head = next to hand out (least recently freed)
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.block_key: list[tuple[int | None, tuple[int, ...]] | None] = [None] * num_blocks
+        self.cached: dict[int, int] = {}  # chain hash -> block id
+        self.num_evictions = 0
+
+    # -- counts ---------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that can be handed out now (including cached blocks nobody references)."""
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks that still hold a reusable cached prefix."""
+        return sum(1 for b in self._free if self.block_hash[b] is not None)
+
+    # -- allocation -----------------------------------------------------------------------------
+    def allocate(self, n: int) -> list[int]:
+        """Hand out n blocks (ref count 1 each), evicting cached hashes LRU-first."""
+        if n > len(self._free):
+            raise RuntimeError(f"asked for {n} blocks with {len(self._free)} free")
+        blocks = []
+        for _ in range(n):
+            block, _ = self._free.popitem(last=False)
+            self._evict(block)
+            self.ref_counts[block] = 1
+            blocks.append(block)
+        return blocks
+
+    def share(self, block: int) -> None:
+        """One more block table holds ``block`` (a prefix-cache hit); revives it if it was free."""
+        if self.ref_counts[block] == 0:
+            del self._free[block]
+        self.ref_counts[block] += 1
+
+    def free(self, blocks: Iterable[int]) -> None:
+        """Drop one reference to each block. Pass a table's blocks in reverse order so that its tail
+        (least likely to be shared) is evicted first."""
+        for block in blocks:
+            if self.ref_counts[block] <= 0:
+                raise RuntimeError(f"block {block} freed more often than it was allocated")
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self._free[block] = None
+
+    # -- prefix cache ---------------------------------------------------------------------------
+    def lookup(self, parent_hash: int | None, token_ids: tuple[int, ...]) -> int | None:
+        """The cached block holding exactly this (parent, tokens) full block, or None."""
+        h = chain_hash(parent_hash, token_ids)
+        block = self.cached.get(h)
+        if block is None or self.block_key[block] != (parent_hash, token_ids):
+            return None
+        return block
+
+    def cache_block(self, block: int, parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+        """Register a full, referenced block under its chain hash; returns the hash."""
+        h = chain_hash(parent_hash, token_ids)
+        if self.block_hash[block] == h:
+            return h
+        if self.block_hash[block] is not None:
+            raise RuntimeError(f"block {block} is already cached under another prefix")
+        if h not in self.cached:  # an equal block cached elsewhere keeps the entry
+            self.cached[h] = block
+        self.block_hash[block] = h
+        self.block_key[block] = (parent_hash, token_ids)
+        return h
+
+    def _evict(self, block: int) -> None:
+        h = self.block_hash[block]
+        if h is None:
+            return
+        if self.cached.get(h) == block:
+            del self.cached[h]
+        self.block_hash[block] = None
+        self.block_key[block] = None
+        self.num_evictions += 1
+
+    def reset_prefix_cache(self) -> None:
+        for block in list(self._free):
+            self._evict(block)
+
+    # -- audit ----------------------------------------------------------------------------------
+    def check_invariants(self, block_tables: Iterable[Iterable[int]] | None = None) -> None:
+        """Raise AssertionError if the pool is inconsistent. With ``block_tables`` (every live table),
+        also check each ref count equals the number of tables holding the block."""
+        free = set(self._free)
+        assert len(free) == len(self._free)
+        in_use = {b for b in range(self.num_blocks) if self.ref_counts[b] > 0}
+        assert all(rc >= 0 for rc in self.ref_counts), "negative ref count"
+        assert not (free & in_use), f"blocks both free and referenced: {sorted(free & in_use)}"
+        assert len(free) + len(in_use) == self.num_blocks, "a block is neither free nor in use"
+        for h, block in self.cached.items():
+            assert self.block_hash[block] == h, f"cache entry {h} points at block {block} with " \
+                f"hash {self.block_hash[block]}"
+        if block_tables is not None:
+            holders = [0] * self.num_blocks
+            for table in block_tables:
+                for b in table:
+                    holders[b] += 1
+            assert holders == self.ref_counts, "ref counts differ from the number of tables " \
+                "holding each block"

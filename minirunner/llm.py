@@ -1,0 +1,160 @@
+"""LLM: the offline API, mirroring vLLM's ``LLM(model=...).generate(prompts, sampling_params)``.
+
+Owns turning user arguments into an EngineConfig, submitting a batch, driving the engine until it is
+done, and streaming. A bad prompt in a batch gets an error output (finish_reason "error") with the
+reason, and a warning; every other prompt is still served.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from minirunner.assets import default_model_dir
+from minirunner.config import EngineConfig, parse_dtype
+from minirunner.engine import LLMEngine
+from minirunner.outputs import CompletionOutput, RequestOutput, StreamChunk
+from minirunner.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but no CUDA device is available; "
+                         "use device='cpu'")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device} is not supported; use 'cpu', 'cuda' or 'auto'")
+    return device
+
+
+def _resolve_dtype(dtype: str | torch.dtype, device: torch.device, config_dtype: str | None):
+    if dtype != "auto":
+        return parse_dtype(dtype)
+    if device.type == "cpu":
+        return torch.float32  # exact and fast enough for the small models a CPU runs
+    return parse_dtype(config_dtype) if config_dtype in ("bfloat16", "float16") else torch.bfloat16
+
+
+class LLM:
+    def __init__(self, model: str | Path | None = None, dtype: str | torch.dtype = "auto",
+                 device: str | torch.device = "auto", block_size: int = 16,
+                 num_kv_blocks: int | None = None, kv_cache_memory_bytes: int | None = None,
+                 gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = False,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
+                 max_model_len: int | None = None, attention_backend: str = "auto",
+                 seed: int = 0):
+        if model is None:
+            model = default_model_dir()
+            if not (Path(model) / "config.json").is_file():
+                raise ValueError("the embedded default model is missing from this installation; "
+                                 "pass model=<checkpoint directory>")
+        from minirunner.config import ModelConfig
+
+        device = _resolve_device(device)
+        model_config = ModelConfig.from_dir(model)
+        config = EngineConfig(
+            model=str(model), dtype=_resolve_dtype(dtype, device, model_config.config_dtype),
+            device=device, block_size=block_size, num_kv_blocks=num_kv_blocks,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+            attention_backend=attention_backend, seed=seed)
+        self.engine = LLMEngine(config)
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    # -- batch generation -----------------------------------------------------------------------
+    def _submit(self, prompts, sampling_params) -> list[str | RequestOutput]:
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
+                                        and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if isinstance(sampling_params, Sequence):
+            if len(sampling_params) != len(prompts):
+                raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} "
+                                 "prompts")
+            params_list = list(sampling_params)
+        else:
+            params_list = [sampling_params or SamplingParams()] * len(prompts)
+        submitted: list[str | RequestOutput] = []
+        for i, (prompt, params) in enumerate(zip(prompts, params_list, strict=True)):
+            try:
+                submitted.append(self.engine.add_request(prompt, params))
+            except ValueError as e:
+                warnings.warn(f"prompt {i} was refused: {e}", stacklevel=3)
+                submitted.append(_error_output(prompt, str(e)))
+        return submitted
+
+    def generate(self, prompts: Prompt | list[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for every prompt (a string or a list of token ids); outputs in prompt order."""
+        submitted = self._submit(prompts, sampling_params)
+        ids = [s for s in submitted if isinstance(s, str)]
+        bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
+        try:
+            while self.engine.has_unfinished_requests():
+                for request, _ in self.engine.step():
+                    if request.is_finished:
+                        bar.update(1)
+        except BaseException:
+            for rid in ids:  # leave the engine clean for the next call
+                self.engine.abort_request(rid)
+                self.engine.requests.pop(rid, None)
+            raise
+        finally:
+            bar.close()
+        return [self.engine.pop_finished(s) if isinstance(s, str) else s for s in submitted]
+
+    def stream(self, prompts: Prompt | list[Prompt],
+               sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+               ) -> Iterator[StreamChunk]:
+        """Yield each request's new tokens as the engine produces them (one chunk per request per
+        step); a request's last chunk has ``finished=True`` and carries its RequestOutput."""
+        submitted = self._submit(prompts, sampling_params)
+        index = {s: i for i, s in enumerate(submitted) if isinstance(s, str)}
+        for i, s in enumerate(submitted):
+            if not isinstance(s, str):
+                yield StreamChunk(s.request_id, i, [], "", True, "error", s)
+        sent_text = {rid: "" for rid in index}
+        try:
+            while self.engine.has_unfinished_requests():
+                for request, new_tokens in self.engine.step():
+                    rid = request.request_id
+                    text = self.engine.decode(request.output_token_ids)
+                    if request.is_finished:
+                        output = self.engine.pop_finished(rid)
+                        text = output.outputs[0].text
+                    delta = text[len(sent_text[rid]):] if text.startswith(sent_text[rid]) else ""
+                    sent_text[rid] = text
+                    yield StreamChunk(rid, index[rid], new_tokens, delta, request.is_finished,
+                                      request.finish_reason,
+                                      output if request.is_finished else None)
+        finally:
+            for rid in index:
+                if rid in self.engine.requests:
+                    self.engine.abort_request(rid)
+                    self.engine.requests.pop(rid, None)
+
+    # -- introspection --------------------------------------------------------------------------
+    def get_step_trace(self) -> list[dict]:
+        """One dict per engine step so far (see ``StepTrace``): plain data for plots."""
+        return [asdict(t) for t in self.engine.trace]
+
+
+def _error_output(prompt: Prompt, message: str) -> RequestOutput:
+    token_ids = prompt if isinstance(prompt, list) else []
+    return RequestOutput(
+        request_id="", prompt=prompt if isinstance(prompt, str) else None,
+        prompt_token_ids=list(token_ids), outputs=[CompletionOutput(0, "", [], "error")],
+        finished=True, error=message)

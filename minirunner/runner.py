@@ -1,0 +1,107 @@
+"""ModelRunner: turns one scheduled step into tensors, runs the model over the paged KV cache, samples.
+
+Owns the KV cache tensors, the preallocated per-step input buffers (input_ids, positions, slot_mapping,
+query_start_loc, seq_lens, block_tables) and the model. It never decides what to schedule. Buffers are
+allocated once at their maximum size and every step writes into them, so a later CUDA-graph capture can
+reuse the same storage.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kernels.sampling import sample_ref
+from minirunner.attention import AttentionMetadata
+from minirunner.attention.base import AttentionBackend
+from minirunner.kv.manager import KVCacheManager
+from minirunner.model.decoder import DecoderLM
+from minirunner.scheduler import ScheduledRequest
+
+_SEED_MASK = (1 << 63) - 1
+
+
+class ModelRunner:
+    def __init__(self, model: DecoderLM, backend: AttentionBackend, num_blocks: int,
+                 block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int):
+        cfg = model.config
+        self.model, self.backend = model, backend
+        self.device, self.dtype = backend.device, backend.dtype
+        self.block_size = block_size
+        shape = (num_blocks, 2, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                          for _ in range(cfg.num_layers)]
+        self.max_blocks_per_seq = -(-max_model_len // block_size)
+        dev, T, S = self.device, max_num_batched_tokens, max_num_seqs
+        self.input_ids = torch.zeros(T, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(T, dtype=torch.int64, device=dev)
+        self.slot_mapping = torch.full((T,), -1, dtype=torch.int64, device=dev)
+        self.query_start_loc = torch.zeros(S + 1, dtype=torch.int32, device=dev)
+        self.seq_lens = torch.zeros(S, dtype=torch.int32, device=dev)
+        self.block_tables = torch.zeros(S, self.max_blocks_per_seq, dtype=torch.int32, device=dev)
+
+    def prepare(self, scheduled: list[ScheduledRequest], kv: KVCacheManager):
+        """Fill the step buffers; returns (input_ids, metadata) views for this step."""
+        S = len(scheduled)
+        qlens = np.array([s.num_new_tokens for s in scheduled], dtype=np.int64)
+        starts = np.array([s.request.num_computed_tokens for s in scheduled], dtype=np.int64)
+        qsl = np.zeros(S + 1, dtype=np.int32)
+        np.cumsum(qlens, out=qsl[1:])
+        T = int(qsl[-1])
+        ids = np.empty(T, dtype=np.int64)
+        slots = np.empty(T, dtype=np.int64)
+        tables = np.zeros((S, self.max_blocks_per_seq), dtype=np.int32)
+        for i, s in enumerate(scheduled):
+            lo, hi, start = qsl[i], qsl[i + 1], starts[i]
+            ids[lo:hi] = s.request.all_token_ids[start:start + qlens[i]]
+            table = kv.table(s.request.request_id)
+            slots[lo:hi] = table.slots(start, start + qlens[i])
+            tables[i, :len(table)] = table.blocks
+        # positions = start of each sequence + offset within its query
+        positions = np.repeat(starts - qsl[:-1], qlens) + np.arange(T)
+        seq_lens = (starts + qlens).astype(np.int32)
+
+        def put(buf, arr):
+            view = buf[:len(arr)]
+            view.copy_(torch.from_numpy(arr), non_blocking=True)
+            return view
+
+        meta = AttentionMetadata(
+            positions=put(self.positions, positions),
+            slot_mapping=put(self.slot_mapping, slots),
+            query_start_loc=put(self.query_start_loc, qsl),
+            seq_lens=put(self.seq_lens, seq_lens),
+            block_tables=self.block_tables[:S],
+            query_start_loc_cpu=torch.from_numpy(qsl),
+            seq_lens_cpu=torch.from_numpy(seq_lens),
+            max_query_len=int(qlens.max()),
+            max_seq_len=int(seq_lens.max()),
+            block_size=self.block_size,
+        )
+        self.block_tables[:S].copy_(torch.from_numpy(tables), non_blocking=True)
+        return put(self.input_ids, ids), meta
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[ScheduledRequest], kv: KVCacheManager):
+        """Run one step. Returns (token ids sampled for the requests whose step ``samples``, in order,
+        their fp32 logits [n, vocab])."""
+        input_ids, meta = self.prepare(scheduled, kv)
+        self.backend.plan(meta)
+        hidden = self.model(input_ids, meta, self.kv_caches, self.backend)
+        rows = [i for i, s in enumerate(scheduled) if s.samples]
+        if not rows:
+            return [], None
+        last = meta.query_start_loc_cpu[1:][rows].long() - 1
+        logits = self.model.compute_logits(hidden[last.to(self.device)])
+        reqs = [scheduled[i].request for i in rows]
+        dev = self.device
+        tokens = sample_ref(
+            logits,
+            torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32, device=dev),
+            torch.tensor([r.params.top_k for r in reqs], dtype=torch.int64, device=dev),
+            torch.tensor([r.params.top_p for r in reqs], dtype=torch.float32, device=dev),
+            torch.tensor([r.seed & _SEED_MASK for r in reqs], dtype=torch.int64, device=dev),
+            torch.tensor([r.num_tokens for r in reqs], dtype=torch.int64, device=dev),
+        )
+        return tokens.tolist(), logits

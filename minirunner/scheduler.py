@@ -1,0 +1,106 @@
+"""Scheduler: continuous batching with chunked prefill and recompute preemption.
+
+Owns which requests run each step and how many of their tokens, under a per-step token budget
+(``max_num_batched_tokens``) and ``max_num_seqs``. Running requests go first (decode tokens and
+unfinished prefill chunks); when the pool runs dry the newest running request is preempted (its blocks
+freed, its tokens recomputed later); waiting requests are admitted FCFS while budget and blocks last.
+It never runs the model.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from minirunner.kv.manager import KVCacheManager
+from minirunner.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int  # query tokens this step, starting at request.num_computed_tokens
+
+    @property
+    def samples(self) -> bool:
+        """Does this step reach the end of the request's known tokens (so a new token is sampled)?"""
+        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+
+        # 1. Running requests, oldest first; preempt the newest when blocks run out.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.kv.allocate(request, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim.request_id)
+                if victim is request:
+                    break
+            else:
+                out.scheduled.append(ScheduledRequest(request, num_new))
+                budget -= num_new
+                i += 1
+                continue
+            break  # the request preempted itself: nothing older is left to schedule
+
+        # 2. Waiting requests, FCFS, unless this step already had to preempt.
+        while self.waiting and not out.preempted and budget > 0 \
+                and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            cached = self.kv.find_cached_prefix(request)
+            remaining = request.num_tokens - request.num_computed_tokens \
+                - len(cached) * self.kv.block_size
+            num_new = min(remaining, budget)
+            if not self.kv.allocate(request, num_new, cached):
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.scheduled.append(ScheduledRequest(request, num_new))
+            budget -= num_new
+        return out
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(request)
+
+    def finish(self, request: Request) -> None:
+        """Remove a finished (or aborted) request and free its blocks."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.kv.free(request)
