@@ -89,7 +89,7 @@ class LLMEngine:
         if cfg.num_kv_blocks is not None:
             return cfg.num_kv_blocks
         if cfg.kv_cache_memory_bytes is not None:
-            budget, source = cfg.kv_cache_memory_bytes, f"kv_cache_memory_bytes={budget_str(cfg)}"
+            budget, source = cfg.kv_cache_memory_bytes, "kv_cache_memory_bytes"
         elif cfg.device.type == "cuda":
             free, _total = torch.cuda.mem_get_info(cfg.device)
             budget = int(free * cfg.gpu_memory_utilization)

@@ -1,4 +1,7 @@
-"""Attention backends and the choice between them (``attention_backend="torch"|"triton"|"flashinfer"|"auto"``)."""
+"""Attention backends and the choice between them.
+
+``attention_backend="torch"|"triton"|"flashinfer"|"auto"`` picks one; each is imported only when chosen.
+"""
 
 from __future__ import annotations
 
