@@ -235,8 +235,7 @@ class LLMEngine:
 
     # -- outputs --------------------------------------------------------------------------------
     def make_output(self, request: Request) -> RequestOutput:
-        if not request.output_text or request.finish_reason != "stop" \
-                or not isinstance(request.stop_reason, str):
+        if not (request.finish_reason == "stop" and isinstance(request.stop_reason, str)):
             request.output_text = self.decode(request.output_token_ids)
         ttft = decode = e2e = None
         if request.first_token_time is not None:

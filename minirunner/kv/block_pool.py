@@ -31,7 +31,8 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.block_hash: list[int | None] = [None] * num_blocks
         self.block_key: list[tuple[int | None, tuple[int, ...]] | None] = [None] * num_blocks
-        self.cached: dict[int, int] = {}  # chain hash -> block id
+        # chain hash -> the blocks holding that prefix (two requests may compute equal blocks at once)
+        self.cached: dict[int, dict[int, None]] = {}
         self.num_evictions = 0
 
     # -- counts ---------------------------------------------------------------------------------
@@ -81,11 +82,10 @@ class BlockPool:
     # -- prefix cache ---------------------------------------------------------------------------
     def lookup(self, parent_hash: int | None, token_ids: tuple[int, ...]) -> int | None:
         """The cached block holding exactly this (parent, tokens) full block, or None."""
-        h = chain_hash(parent_hash, token_ids)
-        block = self.cached.get(h)
-        if block is None or self.block_key[block] != (parent_hash, token_ids):
-            return None
-        return block
+        key = (parent_hash, token_ids)
+        blocks = [b for b in self.cached.get(chain_hash(*key), ()) if self.block_key[b] == key]
+        # Prefer a block some table already holds: sharing it keeps the free list intact.
+        return max(blocks, key=lambda b: self.ref_counts[b] > 0, default=None)
 
     def cache_block(self, block: int, parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
         """Register a full, referenced block under its chain hash; returns the hash."""
@@ -94,8 +94,7 @@ class BlockPool:
             return h
         if self.block_hash[block] is not None:
             raise RuntimeError(f"block {block} is already cached under another prefix")
-        if h not in self.cached:  # an equal block cached elsewhere keeps the entry
-            self.cached[h] = block
+        self.cached.setdefault(h, {})[block] = None
         self.block_hash[block] = h
         self.block_key[block] = (parent_hash, token_ids)
         return h
@@ -104,7 +103,9 @@ class BlockPool:
         h = self.block_hash[block]
         if h is None:
             return
-        if self.cached.get(h) == block:
+        holders = self.cached[h]
+        del holders[block]
+        if not holders:
             del self.cached[h]
         self.block_hash[block] = None
         self.block_key[block] = None
@@ -124,9 +125,12 @@ class BlockPool:
         assert all(rc >= 0 for rc in self.ref_counts), "negative ref count"
         assert not (free & in_use), f"blocks both free and referenced: {sorted(free & in_use)}"
         assert len(free) + len(in_use) == self.num_blocks, "a block is neither free nor in use"
-        for h, block in self.cached.items():
-            assert self.block_hash[block] == h, f"cache entry {h} points at block {block} with " \
-                f"hash {self.block_hash[block]}"
+        for h, blocks in self.cached.items():
+            for block in blocks:
+                assert self.block_hash[block] == h, f"block {block} is listed under hash {h} " \
+                    f"but holds {self.block_hash[block]}"
+        listed = sum(len(b) for b in self.cached.values())
+        assert listed == sum(h is not None for h in self.block_hash), "a hashed block is unlisted"
         if block_tables is not None:
             holders = [0] * self.num_blocks
             for table in block_tables:

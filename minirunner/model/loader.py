@@ -57,8 +57,11 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
                              f"implies {tuple(param.shape)}")
     model = model.to_empty(device=device)
     with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.copy_(tensors[name])
+        params = dict(model.named_parameters(remove_duplicate=False))
+        for name in expected:
+            params[name].copy_(tensors[name])
+    if config.tie_word_embeddings:  # to_empty() gives every parameter its own storage: tie again
+        model.lm_head.weight = model.model.embed_tokens.weight
     model = model.to(dtype=dtype).eval()
     # RoPE frequencies stay fp32 whatever the weights' dtype (as in transformers).
     model.rotary.inv_freq = inverse_frequencies(
