@@ -30,7 +30,8 @@ def make_tiny_model(root: Path, name: str, seed: int = 0, vocab_size: int = 96,
     cls_name, kwargs = TINY[name]
     config = getattr(transformers, cls_name)(
         vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        max_position_embeddings=128, initializer_range=0.15, bos_token_id=1, eos_token_id=2, pad_token_id=0, **kwargs)
+        max_position_embeddings=128, initializer_range=0.15, bos_token_id=1, eos_token_id=2,
+        pad_token_id=0, **kwargs)
     torch.manual_seed(seed)
     model = getattr(transformers, cls_name.replace("Config", "ForCausalLM"))(config)
     # Random init leaves biases zero; make Qwen2's q/k/v biases matter.
