@@ -178,7 +178,6 @@ class LLMEngine:
             sampling = [s for s in sched.scheduled if s.samples]
             for s in sched.scheduled:
                 s.request.num_computed_tokens += s.num_new_tokens
-                self.kv.cache_full_blocks(s.request)
             if self.keep_logits and logits is not None:
                 self.last_logits = {s.request.request_id: logits[i] for i, s in enumerate(sampling)}
             for s, token in zip(sampling, tokens, strict=True):

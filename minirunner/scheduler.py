@@ -67,6 +67,7 @@ class Scheduler:
                 if victim is request:
                     break
             else:
+                self.kv.cache_full_blocks(request, request.num_computed_tokens + num_new)
                 out.scheduled.append(ScheduledRequest(request, num_new))
                 budget -= num_new
                 i += 1
@@ -83,6 +84,7 @@ class Scheduler:
             num_new = min(remaining, budget)
             if not self.kv.allocate(request, num_new, cached):
                 break
+            self.kv.cache_full_blocks(request, request.num_computed_tokens + num_new)
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)

@@ -1,4 +1,4 @@
-"""The Triton attention backend: the kernels of ``kernels.paged_attention`` behind the backend interface.
+"""The Triton attention backend: ``kernels.paged_attention``'s kernels behind the backend interface.
 
 Owns only the dispatch: store_kv first, then paged_decode for decode-only batches (one query token
 per sequence) and paged_prefill for everything else. Runs compiled on CUDA and in the Triton
@@ -6,6 +6,8 @@ interpreter on CPU (TRITON_INTERPRET=1, slow: for tests).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -16,6 +18,14 @@ from minirunner.attention.metadata import AttentionMetadata
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
+
+    def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 block_size: int, device: torch.device, dtype: torch.dtype):
+        super().__init__(num_q_heads, num_kv_heads, head_dim, scale, block_size, device, dtype)
+        if torch.device(device).type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("attention_backend='triton' on CPU needs the Triton interpreter: set "
+                             "TRITON_INTERPRET=1 before Python starts (slow; for tests), or use "
+                             "attention_backend='torch'")
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:

@@ -66,14 +66,19 @@ class KVCacheManager:
         table.blocks.extend(self.pool.allocate(table.blocks_needed(total)))
         return True
 
-    def cache_full_blocks(self, request: Request) -> None:
-        """Register the request's newly filled blocks in the prefix cache."""
+    def cache_full_blocks(self, request: Request, num_tokens: int | None = None) -> None:
+        """Register the blocks filled by the request's first ``num_tokens`` tokens (default: its
+        computed tokens) in the prefix cache. The scheduler calls it as soon as a step is scheduled:
+        every layer writes the whole batch's K/V before attending, so a request admitted in the same
+        step may already share these blocks."""
         if not self.enable_prefix_caching:
             return
         table = self.tables[request.request_id]
         hashes = self._hashes[request.request_id]
         tokens = request.all_token_ids
-        num_full = min(request.num_computed_tokens, len(tokens)) // self.block_size
+        if num_tokens is None:
+            num_tokens = request.num_computed_tokens
+        num_full = min(num_tokens, len(tokens)) // self.block_size
         for i in range(len(hashes), num_full):
             parent = hashes[-1] if hashes else None
             chunk = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
