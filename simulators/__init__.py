@@ -1,0 +1,7 @@
+"""Teaching simulators: small, seeded, pure-Python/numpy models of the ideas the course explains.
+
+Owns the OS paging simulator (``simulators.paging``), the KV-cache memory model
+(``simulators.kv_memory``) and the exercise/checker helpers (``simulators.exercises``).
+Never imports torch or anything of ours: a simulator may only read the runner's results as
+plain data.
+"""
