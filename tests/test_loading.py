@@ -1,0 +1,60 @@
+"""Loading: checkpoints saved in float32 / bfloat16 / float16 run in the dtype asked for, and the KV
+budget turns bytes into blocks by the KV-per-token formula."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from tiny_models import make_tiny_model
+
+from minirunner import LLM, SamplingParams
+
+PROMPT = [5, 17, 33, 8, 61, 2, 40, 9, 11]
+
+
+@pytest.mark.parametrize("saved, run", [
+    (torch.bfloat16, "bfloat16"), (torch.float16, "float16"), (torch.bfloat16, "float32")])
+def test_half_precision_checkpoints(tmp_path, saved, run):
+    path, _ = make_tiny_model(tmp_path, "qwen3", dtype=saved)
+    llm = LLM(str(path), dtype=run, device="cpu")
+    dtype = getattr(torch, run)
+    assert llm.engine.model.lm_head.weight.dtype == dtype
+    assert llm.engine.runner.kv_caches[0].dtype == dtype
+    engine = llm.engine
+    engine.keep_logits = True
+    rid = engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=1))
+    engine.step()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    with torch.no_grad():
+        ref = model(torch.tensor([PROMPT])).logits[0, -1].float()
+    got = engine.last_logits[rid]
+    # Same weights and dtype; only the order of floating-point operations differs.
+    tol = 1e-4 if dtype == torch.float32 else 0.05 * ref.abs().max().item()
+    torch.testing.assert_close(got, ref, atol=tol, rtol=0)
+
+
+def test_auto_dtype_on_cpu_is_float32(tmp_path):
+    path, _ = make_tiny_model(tmp_path, "llama", dtype=torch.bfloat16)
+    assert LLM(str(path), device="cpu").engine.config.dtype == torch.float32
+
+
+def test_tied_embeddings_share_storage(tmp_path):
+    path, _ = make_tiny_model(tmp_path, "llama_gqa")  # tie_word_embeddings=True
+    model = LLM(str(path), device="cpu").engine.model
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_kv_budget_in_bytes(tmp_path, block_size):
+    path, model = make_tiny_model(tmp_path, "qwen3")  # head_dim 24 != hidden / heads
+    cfg = model.config
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4  # fp32
+    budget = 1_000_000
+    llm = LLM(str(path), dtype="float32", device="cpu", block_size=block_size,
+              kv_cache_memory_bytes=budget)
+    assert llm.engine.num_kv_blocks == budget // (per_token * block_size)
+    kv = llm.engine.runner.kv_caches
+    assert len(kv) == cfg.num_hidden_layers
+    assert kv[0].shape == (budget // (per_token * block_size), 2, block_size,
+                           cfg.num_key_value_heads, cfg.head_dim)
