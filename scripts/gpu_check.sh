@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# One prepared GPU run (about 5 minutes on one H200): the gpu-marked tests and the kernel
+# micro-benchmark, with a JSON report in $OUT (or a fresh temporary folder, printed, when OUT is unset).
+#   scripts/gpu_check.sh            on a CUDA machine
+#   scripts/gpu_check.sh --dry-run  on any machine: imports, collection and the benchmark script on
+#                                   tiny CPU shapes (Triton interpreter), to catch mistakes early
+# Needs python with torch, triton, transformers, safetensors and pytest; nothing is installed and
+# nothing is downloaded. FlashInfer is used when `import flashinfer` works, else reported unavailable.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+DRY=0
+if [ "${1:-}" = "--dry-run" ]; then DRY=1; fi
+REPORT_DIR="${OUT:-$(mktemp -d -t gpu_check.XXXXXX)}"
+mkdir -p "$REPORT_DIR"
+echo "gpu_check: report folder $REPORT_DIR"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONDONTWRITEBYTECODE=1
+PY="${PYTHON:-python}"
+T0=$(date +%s)
+
+"$PY" - "$REPORT_DIR/env.json" <<'PYEOF'
+import importlib, json, platform, sys
+env = {"python": platform.python_version()}
+for mod in ("torch", "triton", "transformers", "safetensors", "pytest", "flashinfer"):
+    try:
+        m = importlib.import_module(mod)
+        env[mod] = getattr(m, "__version__", "present")
+    except Exception as e:  # report, never stop here
+        env[mod] = f"unavailable: {type(e).__name__}: {e}"
+import torch
+env["cuda_available"] = torch.cuda.is_available()
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    env["gpu"] = {"name": p.name, "sms": p.multi_processor_count,
+                  "memory_GiB": round(p.total_memory / 2**30, 1)}
+json.dump(env, open(sys.argv[1], "w"), indent=2)
+print(json.dumps(env, indent=2))
+PYEOF
+
+TEST_FILES=(tests/test_gpu_kernels.py tests/test_gpu_backends.py)
+# -o addopts= drops the project's notebook options (nbval) that a bare GPU image may lack.
+PYTEST_ARGS=(-m gpu -o addopts= -p no:cacheprovider -q -rs --junitxml="$REPORT_DIR/gpu_tests.xml")
+if [ "$DRY" = 1 ]; then
+    export TRITON_INTERPRET=1
+    timeout 120 "$PY" -m pytest "${PYTEST_ARGS[@]}" --collect-only "${TEST_FILES[@]}" \
+        >"$REPORT_DIR/gpu_tests.log" 2>&1
+    TEST_RC=$?
+    timeout 120 "$PY" benchmarks/kernel_bench.py --dry-run --out "$REPORT_DIR/kernel_bench.json" \
+        >"$REPORT_DIR/kernel_bench.log" 2>&1
+    BENCH_RC=$?
+else
+    timeout 170 "$PY" -m pytest "${PYTEST_ARGS[@]}" "${TEST_FILES[@]}" \
+        >"$REPORT_DIR/gpu_tests.log" 2>&1
+    TEST_RC=$?
+    timeout 100 "$PY" benchmarks/kernel_bench.py --out "$REPORT_DIR/kernel_bench.json" \
+        >"$REPORT_DIR/kernel_bench.log" 2>&1
+    BENCH_RC=$?
+fi
+tail -n 25 "$REPORT_DIR/gpu_tests.log"
+tail -n 5 "$REPORT_DIR/kernel_bench.log"
+
+"$PY" - "$REPORT_DIR" "$TEST_RC" "$BENCH_RC" "$DRY" "$(( $(date +%s) - T0 ))" <<'PYEOF'
+import json, sys
+from pathlib import Path
+out, test_rc, bench_rc, dry, wall = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5])
+def load(name):
+    p = out / name
+    try:
+        return json.loads(p.read_text())
+    except Exception as e:
+        return {"missing": f"{name}: {type(e).__name__}: {e}"}
+log = (out / "gpu_tests.log").read_text(errors="replace").splitlines() if (out / "gpu_tests.log").exists() else []
+env = load("env.json")
+report = {
+    "mode": "dry-run" if dry else "gpu",
+    "env": env,
+    "gpu_tests": {"rc": test_rc, "timed_out": test_rc == 124, "summary": log[-1] if log else "",
+                  "skipped_reasons": [l for l in log if l.startswith("SKIPPED")]},
+    "kernel_bench": {"rc": bench_rc, "timed_out": bench_rc == 124, **load("kernel_bench.json")},
+    "flashinfer": ("available " + env["flashinfer"]) if not str(env.get("flashinfer", "")).startswith("unavailable")
+                  else "unavailable on this machine (import flashinfer failed); FlashInfer tests skipped",
+    "wall_s": wall,
+}
+(out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
+print(f"gpu_check: tests rc={test_rc}, bench rc={bench_rc}, {wall} s -> {out / 'gpu_check.json'}")
+PYEOF
+if [ "$TEST_RC" -ne 0 ] || [ "$BENCH_RC" -ne 0 ]; then exit 1; fi
+exit 0

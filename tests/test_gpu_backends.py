@@ -1,0 +1,99 @@
+"""Attention backends on a CUDA GPU: FlashInfer against the torch backend (skipped when flashinfer is
+not installed), and end-to-end greedy equality of the triton and torch backends. Skipped without
+CUDA."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from kernels.testing import random_paged_batch
+from minirunner.attention import AttentionMetadata, get_backend_class
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+needs_flashinfer = pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None,
+                                      reason="flashinfer-python is not installed")
+
+
+def _meta(seq_lens, query_lens, block_tables, block_size):
+    qsl = [0]
+    for n in query_lens:
+        qsl.append(qsl[-1] + n)
+    positions, slots = [], []
+    for i, (s, n) in enumerate(zip(seq_lens, query_lens, strict=True)):
+        if s == 0:  # a padding row (CUDA-graph padding): its tokens write nowhere
+            positions += [0] * n
+            slots += [-1] * n
+            continue
+        for p in range(s - n, s):
+            positions.append(p)
+            slots.append(int(block_tables[i, p // block_size]) * block_size + p % block_size)
+    dev = block_tables.device
+    sl = torch.tensor(seq_lens, dtype=torch.int32)
+    qsl_t = torch.tensor(qsl, dtype=torch.int32)
+    return AttentionMetadata(
+        positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+        query_start_loc=qsl_t.to(dev), seq_lens=sl.to(dev), block_tables=block_tables,
+        query_start_loc_cpu=qsl_t, seq_lens_cpu=sl, max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens), block_size=block_size)
+
+
+@needs_flashinfer
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("seq_lens,query_lens", [
+    ([300, 17, 0, 64], [1, 1, 1, 1]),            # uniform decode with a CUDA-graph padding row
+    ([300, 17, 0, 64], [1, 1, 0, 1]),            # a padding row without queries (prefill path)
+    ([300, 40, 16, 9], [300, 4, 16, 1]),         # prefill, spec-verify extend and decode mixed
+])
+def test_flashinfer_matches_torch_backend(dtype, seq_lens, query_lens):
+    hq, hkv, d, bs = 32, 8, 128, 16
+    batch_q_lens = [min(s, n) for s, n in zip(seq_lens, query_lens, strict=True)]
+    b = random_paged_batch(seq_lens, batch_q_lens, hq, hkv, d, bs, dtype, "cuda")
+    meta = _meta(seq_lens, query_lens, b.block_tables, bs)
+    k = torch.randn(meta.num_tokens, hkv, d, device="cuda", dtype=dtype)
+    v = torch.randn_like(k)
+    q = torch.randn(meta.num_tokens, hq, d, device="cuda", dtype=dtype)
+    outs, caches = [], []
+    for name in ("torch", "flashinfer"):
+        backend = get_backend_class(name)(hq, hkv, d, d**-0.5, bs, torch.device("cuda"), dtype)
+        cache = b.kv_cache.clone()
+        backend.plan(meta)
+        outs.append(backend.forward(q, k, v, cache, meta))
+        caches.append(cache)
+    assert torch.equal(caches[0], caches[1])
+    tol = 5e-3 if dtype == torch.float16 else 3e-2
+    torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256)
+    path = tmp_path_factory.mktemp("tiny_llama_gpu")
+    transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    return str(path)
+
+
+def test_llm_triton_equals_torch_greedy_on_gpu(tiny_llama_dir):
+    from minirunner import LLM, SamplingParams
+
+    prompts = [[1, 2, 3], [4, 5, 6, 7], list(range(10, 50))]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    tokens = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(model=tiny_llama_dir, dtype="float32", device="cuda",
+                  attention_backend=backend, num_kv_blocks=64)
+        assert llm.engine.backend.name == backend
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        tokens[backend] = [o.outputs[0].token_ids for o in outs]
+        del llm
+    assert tokens["triton"] == tokens["torch"]
