@@ -10,8 +10,8 @@ seq_len 0 and padding tokens slot -1. It never schedules, allocates blocks or ad
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from kernels._triton import tl, triton
 
 
 def _check(idx_mapping, query_lens, positions, slot_mapping, seq_lens, query_start_loc,

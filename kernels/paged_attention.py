@@ -12,8 +12,8 @@ import functools
 import math
 
 import torch
-import triton
-import triton.language as tl
+
+from kernels._triton import tl, triton
 
 
 def _gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int):

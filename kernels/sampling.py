@@ -10,8 +10,8 @@ materialises per-request random generators.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from kernels._triton import tl, triton
 
 _MASK32 = 0xFFFFFFFF
 

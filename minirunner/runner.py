@@ -8,10 +8,13 @@ reuse the same storage.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
-from kernels.sampling import sample_ref
+from kernels._triton import HAS_TRITON
+from kernels.sampling import sample, sample_ref
 from minirunner.attention import AttentionMetadata
 from minirunner.attention.base import AttentionBackend
 from minirunner.kv.manager import KVCacheManager
@@ -96,7 +99,12 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[last.to(self.device)])
         reqs = [scheduled[i].request for i in rows]
         dev = self.device
-        tokens = sample_ref(
+        if dev.type == "cuda" and HAS_TRITON:  # one fused pass; top-k/top-p known from the host
+            filters = any(0 < r.params.top_k < logits.shape[-1] or r.params.top_p < 1 for r in reqs)
+            sampler = functools.partial(sample, apply_filters=filters)
+        else:
+            sampler = sample_ref
+        tokens = sampler(
             logits,
             torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32, device=dev),
             torch.tensor([r.params.top_k for r in reqs], dtype=torch.int64, device=dev),
