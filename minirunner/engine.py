@@ -162,6 +162,15 @@ class LLMEngine:
         self.scheduler.finish(request)
         request.finish("abort")
 
+    def abort_all(self, request_ids) -> None:
+        """Abort and forget these requests after a failed step. Full blocks are registered in the
+        prefix cache when their step is scheduled, so a step that raised may have left cached blocks
+        whose K/V was never written: drop every cached block nobody holds."""
+        for rid in request_ids:
+            self.abort_request(rid)
+            self.requests.pop(rid, None)
+        self.block_pool.reset_prefix_cache()
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 

@@ -108,9 +108,7 @@ class LLM:
                     if request.is_finished:
                         bar.update(1)
         except BaseException:
-            for rid in ids:  # leave the engine clean for the next call
-                self.engine.abort_request(rid)
-                self.engine.requests.pop(rid, None)
+            self.engine.abort_all(ids)  # leave the engine clean for the next call
             raise
         finally:
             bar.close()
@@ -140,11 +138,10 @@ class LLM:
                     yield StreamChunk(rid, index[rid], new_tokens, delta, request.is_finished,
                                       request.finish_reason,
                                       output if request.is_finished else None)
-        finally:
-            for rid in index:
-                if rid in self.engine.requests:
-                    self.engine.abort_request(rid)
-                    self.engine.requests.pop(rid, None)
+        finally:  # a consumer that stops early (or an error) aborts what is left
+            left = [rid for rid in index if rid in self.engine.requests]
+            if left:
+                self.engine.abort_all(left)
 
     # -- introspection --------------------------------------------------------------------------
     def get_step_trace(self) -> list[dict]:

@@ -164,3 +164,19 @@ def test_cli_generate(model_dir):
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     assert lines[0].startswith("the quick") and len(lines[0]) > len("the quick")
     assert "tok/s" in lines[-1]
+
+
+def test_stream_stopped_early_leaves_the_engine_clean(model_dir):
+    llm = LLM(str(model_dir), dtype="float32", device="cpu", enable_prefix_caching=True)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    prompts = [[3, 4, 5] * 12, [3, 4, 5] * 12 + [9]]
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    for n, _chunk in enumerate(llm.stream(prompts, params)):
+        if n == 5:
+            break
+    assert not llm.engine.has_unfinished_requests() and not llm.engine.requests
+    pool = llm.engine.block_pool
+    assert pool.num_free_blocks == pool.num_blocks
+    llm.engine.kv.check_invariants()
+    again = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert again == expected

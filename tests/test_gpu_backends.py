@@ -8,9 +8,10 @@ import importlib.util
 
 import pytest
 import torch
+from attention_meta import make_meta
 
 from kernels.testing import random_paged_batch
-from minirunner.attention import AttentionMetadata, get_backend_class
+from minirunner.attention import get_backend_class
 
 pytestmark = [
     pytest.mark.gpu,
@@ -18,30 +19,6 @@ pytestmark = [
 ]
 needs_flashinfer = pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None,
                                       reason="flashinfer-python is not installed")
-
-
-def _meta(seq_lens, query_lens, block_tables, block_size):
-    qsl = [0]
-    for n in query_lens:
-        qsl.append(qsl[-1] + n)
-    positions, slots = [], []
-    for i, (s, n) in enumerate(zip(seq_lens, query_lens, strict=True)):
-        if s == 0:  # a padding row (CUDA-graph padding): its tokens write nowhere
-            positions += [0] * n
-            slots += [-1] * n
-            continue
-        for p in range(s - n, s):
-            positions.append(p)
-            slots.append(int(block_tables[i, p // block_size]) * block_size + p % block_size)
-    dev = block_tables.device
-    sl = torch.tensor(seq_lens, dtype=torch.int32)
-    qsl_t = torch.tensor(qsl, dtype=torch.int32)
-    return AttentionMetadata(
-        positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-        query_start_loc=qsl_t.to(dev), seq_lens=sl.to(dev), block_tables=block_tables,
-        query_start_loc_cpu=qsl_t, seq_lens_cpu=sl, max_query_len=max(query_lens),
-        max_seq_len=max(seq_lens), block_size=block_size)
 
 
 @needs_flashinfer
@@ -55,7 +32,7 @@ def test_flashinfer_matches_torch_backend(dtype, seq_lens, query_lens):
     hq, hkv, d, bs = 32, 8, 128, 16
     batch_q_lens = [min(s, n) for s, n in zip(seq_lens, query_lens, strict=True)]
     b = random_paged_batch(seq_lens, batch_q_lens, hq, hkv, d, bs, dtype, "cuda")
-    meta = _meta(seq_lens, query_lens, b.block_tables, bs)
+    meta = make_meta(seq_lens, query_lens, b.block_tables, bs)
     k = torch.randn(meta.num_tokens, hkv, d, device="cuda", dtype=dtype)
     v = torch.randn_like(k)
     q = torch.randn(meta.num_tokens, hq, d, device="cuda", dtype=dtype)

@@ -7,36 +7,15 @@ import os
 
 import pytest
 import torch
+from attention_meta import make_meta
 
 from kernels.testing import random_paged_batch
-from minirunner.attention import AttentionMetadata, get_backend_class
+from minirunner.attention import get_backend_class
 
 # The Triton kernels run on CPU tensors only in the interpreter, which tests/conftest.py turns on when
 # CUDA is absent; on a CUDA machine the gpu-marked tests cover the compiled kernels instead.
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                        reason="Triton on CPU tensors needs TRITON_INTERPRET=1")
-
-
-def _meta(seq_lens, query_lens, block_tables, block_size):
-    qsl = [0]
-    for n in query_lens:
-        qsl.append(qsl[-1] + n)
-    positions, slots = [], []
-    for i, (s, n) in enumerate(zip(seq_lens, query_lens, strict=True)):
-        if s == 0:  # a padding row (CUDA-graph padding): its tokens write nowhere
-            positions += [0] * n
-            slots += [-1] * n
-            continue
-        for p in range(s - n, s):
-            positions.append(p)
-            slots.append(int(block_tables[i, p // block_size]) * block_size + p % block_size)
-    sl = torch.tensor(seq_lens, dtype=torch.int32)
-    qsl_t = torch.tensor(qsl, dtype=torch.int32)
-    return AttentionMetadata(
-        positions=torch.tensor(positions, dtype=torch.int64),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64), query_start_loc=qsl_t, seq_lens=sl,
-        block_tables=block_tables, query_start_loc_cpu=qsl_t.clone(), seq_lens_cpu=sl.clone(),
-        max_query_len=max(query_lens), max_seq_len=max(seq_lens), block_size=block_size)
 
 
 @pytest.mark.parametrize("seq_lens,query_lens", [
@@ -49,7 +28,7 @@ def test_backend_forward_matches_torch_backend(seq_lens, query_lens):
     hq, hkv, d, bs = 4, 2, 64, 16
     batch_q_lens = [min(s, n) for s, n in zip(seq_lens, query_lens, strict=True)]
     b = random_paged_batch(seq_lens, batch_q_lens, hq, hkv, d, bs)
-    meta = _meta(seq_lens, query_lens, b.block_tables, bs)
+    meta = make_meta(seq_lens, query_lens, b.block_tables, bs)
     q = torch.randn(meta.num_tokens, hq, d)
     k, v = torch.randn(meta.num_tokens, hkv, d), torch.randn(meta.num_tokens, hkv, d)
     outs, caches = [], []
