@@ -11,6 +11,7 @@ import itertools
 import json
 import random
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from minirunner.scheduler import Scheduler
 from minirunner.tokenizer import load_tokenizer
 
 _DEFAULT_CPU_KV_BYTES = 1 << 30
+TRACE_MAX_STEPS = 10_000
 
 
 @dataclass
@@ -77,7 +79,8 @@ class LLMEngine:
                                   config.max_model_len)
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
-        self.trace: list[StepTrace] = []
+        # The most recent steps only, so a long-lived engine does not grow without bound.
+        self.trace: deque[StepTrace] = deque(maxlen=TRACE_MAX_STEPS)
         self.keep_logits = False
         self.last_logits: dict[str, torch.Tensor] = {}
         self._steps = 0

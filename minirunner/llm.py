@@ -145,8 +145,11 @@ class LLM:
 
     # -- introspection --------------------------------------------------------------------------
     def get_step_trace(self) -> list[dict]:
-        """One dict per engine step so far (see ``StepTrace``): plain data for plots."""
+        """One dict per engine step (see ``StepTrace``; the last 10,000 steps): plain data for plots."""
         return [asdict(t) for t in self.engine.trace]
+
+    def clear_step_trace(self) -> None:
+        self.engine.trace.clear()
 
 
 def _error_output(prompt: Prompt, message: str) -> RequestOutput:
