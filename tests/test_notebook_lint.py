@@ -15,7 +15,8 @@ import pytest
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 # paths that only exist on one machine: home directories, scratch, this project's work tree
-MACHINE_PATH = re.compile(r"(?<![\w.])(/work/|/root/|/home/|/tmp/|/Users/|/private/var/|[A-Z]:\\Users\\)")
+_ROOTS = ("work", "root", "home", "tmp", "Users", "private/var")
+MACHINE_PATH = re.compile(r"(?<![\w.])(" + "|".join(f"/{r}/" for r in _ROOTS) + r"|[A-Z]:\\Users\\)")
 TEXT_MIME = ("text/plain", "text/html", "text/markdown", "application/json")
 
 
