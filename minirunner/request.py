@@ -20,7 +20,7 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # requests are compared by identity, never field by field
 class Request:
     request_id: str
     prompt_token_ids: list[int]
