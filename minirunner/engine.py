@@ -52,15 +52,15 @@ class StepTrace:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, model_config: ModelConfig | None = None):
         self.config = config
-        self.model_config = ModelConfig.from_dir(config.model)
+        self.model_config = model_config or ModelConfig.from_dir(config.model)
         config.validate(self.model_config)
         self.tokenizer = load_tokenizer(config.model)
-        self.eos_token_ids = frozenset(self.model_config.eos_token_ids) | _generation_eos(
-            config.model) | frozenset(
-            [self.tokenizer.eos_token_id] if self.tokenizer is not None
-            and self.tokenizer.eos_token_id is not None else [])
+        tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
+        self.eos_token_ids = (frozenset(self.model_config.eos_token_ids)
+                              | _generation_eos(config.model)
+                              | frozenset(() if tokenizer_eos is None else (tokenizer_eos,)))
         torch.manual_seed(config.seed)
         self._rng = random.Random(config.seed)
         mc = self.model_config

@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from minirunner.assets import default_model_dir
-from minirunner.config import EngineConfig, parse_dtype
+from minirunner.config import EngineConfig, ModelConfig, parse_dtype
 from minirunner.engine import LLMEngine
 from minirunner.outputs import CompletionOutput, RequestOutput, StreamChunk
 from minirunner.sampling_params import SamplingParams
@@ -57,8 +57,6 @@ class LLM:
             if not (Path(model) / "config.json").is_file():
                 raise ValueError("the embedded default model is missing from this installation; "
                                  "pass model=<checkpoint directory>")
-        from minirunner.config import ModelConfig
-
         device = _resolve_device(device)
         model_config = ModelConfig.from_dir(model)
         config = EngineConfig(
@@ -69,7 +67,7 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
             attention_backend=attention_backend, seed=seed)
-        self.engine = LLMEngine(config)
+        self.engine = LLMEngine(config, model_config)
 
     def get_tokenizer(self):
         return self.engine.tokenizer

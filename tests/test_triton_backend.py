@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 from attention_meta import make_meta
+from tiny_models import make_tiny_model
 
 from kernels.testing import random_paged_batch
 from minirunner.attention import get_backend_class
@@ -46,13 +47,7 @@ def test_backend_forward_matches_torch_backend(seq_lens, query_lens):
 
 @pytest.fixture(scope="module")
 def tiny_llama_dir(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256)
-    path = tmp_path_factory.mktemp("tiny_llama")
-    transformers.LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    path, _ = make_tiny_model(tmp_path_factory.mktemp("tiny_llama"), "llama_gqa")
     return str(path)
 
 
