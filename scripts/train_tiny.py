@@ -233,27 +233,39 @@ def sample_batch(stream: torch.Tensor, batch: int, ctx: int, gen: torch.Generato
     return torch.stack([stream[s : s + ctx] for s in starts.tolist()])
 
 
-def train_target(model, stream, cfg: TrainConfig, steps: int, gen: torch.Generator) -> list[float]:
-    opt = make_optimizer(model, cfg.target_lr, cfg.weight_decay)
+def optimise(model, loss_fn, stream, cfg: TrainConfig, steps: int, peak_lr: float,
+             gen: torch.Generator, label: str) -> list[float]:
+    """AdamW with warm-up + cosine, gradient clipping, on random windows; ``loss_fn(x)`` gives the
+    loss of batch ``x``. Returns the loss of every step."""
+    opt = make_optimizer(model, peak_lr, cfg.weight_decay)
     model.train()
     losses = []
     start = time.perf_counter()
     for step in range(steps):
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, cfg.target_lr, cfg.warmup_steps)
+            g["lr"] = lr_at(step, steps, peak_lr, cfg.warmup_steps)
         x = sample_batch(stream, cfg.batch_size, cfg.context_len, gen)
-        logits = model(input_ids=x).logits[:, :-1].float()
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
+        loss = loss_fn(x)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         losses.append(loss.item())
         if step % 50 == 0 or step == steps - 1:
-            print(f"target step {step:4d}  loss {loss.item():.4f}  "
+            print(f"{label} step {step:4d}  loss {loss.item():.4f}  "
                   f"{time.perf_counter() - start:6.0f}s", flush=True)
     model.eval()
     return losses
+
+
+def train_target(model, stream, cfg: TrainConfig, steps: int, gen: torch.Generator) -> list[float]:
+    """Next-token cross-entropy on the corpus."""
+
+    def loss_fn(x):
+        logits = model(input_ids=x).logits[:, :-1].float()
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
+
+    return optimise(model, loss_fn, stream, cfg, steps, cfg.target_lr, gen, "target")
 
 
 def distil_draft(draft, target, stream, cfg: TrainConfig, steps: int, gen) -> list[float]:
@@ -263,30 +275,16 @@ def distil_draft(draft, target, stream, cfg: TrainConfig, steps: int, gen) -> li
     expected acceptance per position is sum_x min(p_target(x), p_draft(x)) = 1 - TV(p_target, p_draft);
     matching the target's whole distribution serves that better than fitting the corpus labels.
     """
-    opt = make_optimizer(draft, cfg.draft_lr, cfg.weight_decay)
-    draft.train()
     target.eval()
-    losses = []
-    start = time.perf_counter()
-    for step in range(steps):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, cfg.draft_lr, cfg.warmup_steps)
-        x = sample_batch(stream, cfg.batch_size, cfg.context_len, gen)
+
+    def loss_fn(x):
         with torch.no_grad():
             t_logp = F.log_softmax(target(input_ids=x).logits.float(), dim=-1)
         d_logp = F.log_softmax(draft(input_ids=x).logits.float(), dim=-1)
-        loss = F.kl_div(d_logp.flatten(0, 1), t_logp.flatten(0, 1), log_target=True,
+        return F.kl_div(d_logp.flatten(0, 1), t_logp.flatten(0, 1), log_target=True,
                         reduction="batchmean")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), cfg.grad_clip)
-        opt.step()
-        losses.append(loss.item())
-        if step % 50 == 0 or step == steps - 1:
-            print(f"draft  step {step:4d}  KL {loss.item():.4f}  "
-                  f"{time.perf_counter() - start:6.0f}s", flush=True)
-    draft.eval()
-    return losses
+
+    return optimise(draft, loss_fn, stream, cfg, steps, cfg.draft_lr, gen, "draft ")
 
 
 def save_model(model, tokenizer, out_dir: Path) -> None:
