@@ -20,7 +20,7 @@ from simulators.exercises import Exercise, Verdict
 MODES = ("eager", "graph", "graph_ladder", "async")
 __all__ = ["MODES", "Event", "StepResult", "simulate", "dispatch_us_per_token", "plot_timeline",
            "capture_sizes", "padded_batch_size", "make_step_exercise", "make_graph_exercise",
-           "make_bucket_exercise", "main"]
+           "make_bucket_exercise", "make_remedy_exercise", "main"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,14 +262,14 @@ class LaunchProblem:
 
 def random_problem(seed: int, num_kernels: int | None = None,
                    launch_us: float | None = None) -> LaunchProblem:
-    """Seeded: 6-12 operators of 1-20 µs (whole numbers), a 2-12 µs launch, 0-40 µs of other host work,
+    """Seeded: 6-12 operators of 1-12 µs (whole numbers), a 2-12 µs launch, 0-40 µs of other host work,
     a batch of 1-32 on the default ladder for 32 sequences."""
     rng = random.Random(seed)
     n = rng.randint(6, 12) if num_kernels is None else num_kernels
     launch = float(rng.randint(2, 12)) if launch_us is None else float(launch_us)
     if n < 1:
         raise ValueError("num_kernels must be at least 1")
-    kernels = tuple(float(rng.randint(1, 20)) for _ in range(n))
+    kernels = tuple(float(rng.randint(1, 12)) for _ in range(n))
     other = float(rng.randrange(0, 41, 5))
     batch = rng.randint(1, 32)
     ladder = tuple(capture_sizes(32))
@@ -364,6 +364,37 @@ def make_bucket_exercise(seed: int) -> Exercise:
 
     return Exercise(seed, question, (bucket, bucket - p.batch_size), diagnose,
                     hint="find the first size in the ladder that is at least the batch size.")
+
+
+def make_remedy_exercise(seed: int) -> Exercise:
+    """Explain: which single change shortens this eager step most? Answer "a", "b" or "c"."""
+    p = random_problem(seed)
+    kw = {"host_other_us": p.host_other_us}
+    options = {
+        "a": simulate(p.kernel_us, p.launch_us / 2, **kw).step_us,
+        "b": simulate([k / 2 for k in p.kernel_us], p.launch_us, **kw).step_us,
+        "c": simulate(p.kernel_us, p.launch_us, "graph", **kw).step_us,
+    }
+    best = min(options, key=lambda k: (options[k], k))
+    eager = p.run("eager")
+    question = (f"Same step as make_step_exercise({seed}) ({eager.bound}-bound in eager mode). Which "
+                "single change shortens it most? (a) a host twice as fast at launching; (b) a device "
+                "twice as fast at every operator; (c) capture the step as one graph. Answer a, b or c.")
+    what = {"a": "halving the launch cost", "b": "halving every kernel", "c": "one graph launch"}
+
+    def diagnose(answer) -> Verdict:
+        choice = str(answer).strip().lower()[:1]
+        if choice not in options:
+            return Verdict(False, 'answer "a", "b" or "c"')
+        detail = ", ".join(f"{k}: {options[k]:g} µs" for k in sorted(options))
+        if options[choice] == options[best]:
+            return Verdict(True, f"{what[choice]} gives the shortest step ({detail}).")
+        return Verdict(False, f"{what[choice]} leaves {options[choice]:g} µs; simulate all three: "
+                              "a host-bound step gains from host-side changes, a device-bound one "
+                              "from a faster device.")
+
+    return Exercise(seed, question, best, diagnose,
+                    hint="first decide whether the step is host- or device-bound (make_step_exercise).")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from simulators.launch import (
     dispatch_us_per_token,
     make_bucket_exercise,
     make_graph_exercise,
+    make_remedy_exercise,
     make_step_exercise,
     random_problem,
     simulate,
@@ -143,7 +144,8 @@ def test_async_hides_other_host_work_behind_the_device():
 
 def test_exercises_check_their_own_solutions_and_explain_wrong_answers():
     for seed in range(5):
-        for make in (make_step_exercise, make_graph_exercise, make_bucket_exercise):
+        for make in (make_step_exercise, make_graph_exercise, make_bucket_exercise,
+                     make_remedy_exercise):
             ex = make(seed=seed)
             assert ex.check(ex.solution()).correct
             pending = ex.check(None)
@@ -153,6 +155,10 @@ def test_exercises_check_their_own_solutions_and_explain_wrong_answers():
     serial = p.host_other_us + len(p.kernel_us) * p.launch_us + sum(p.kernel_us)
     if serial != ex.solution():
         assert "overlap" in ex.check(serial).why
+    remedy = make_remedy_exercise(seed=3)
+    wrong = next((c for c in "abc" if not remedy.check(c).correct), None)
+    if wrong is not None:
+        assert "simulate all three" in remedy.check(wrong).why
     bucket = make_bucket_exercise(seed=3)
     assert not bucket.check((1, 0)).correct or p.batch_size == 1
 
