@@ -174,6 +174,14 @@ def _finish(engine) -> None:
     engine.requests.clear()
 
 
+def _record_step(engine, batch_size: int, keep_args: bool) -> OperatorCount:
+    with _attributed(engine) as where, _Recorder(where, keep_args) as rec:
+        engine.step()
+    if engine.trace[-1].num_decode_tokens != batch_size or engine.trace[-1].num_prefill_tokens:
+        raise RuntimeError("the recorded step was not a full decode step")
+    return OperatorCount(tuple(rec.records))
+
+
 def record_decode_step(llm_or_engine, batch_size: int = 1, prompt_len: int = 16,
                        keep_args: bool = False) -> OperatorCount:
     """The aten operators one eager decode step of ``batch_size`` sequences dispatches, end to end
@@ -182,13 +190,9 @@ def record_decode_step(llm_or_engine, batch_size: int = 1, prompt_len: int = 16,
     engine = _engine(llm_or_engine)
     _start_decode(engine, batch_size, prompt_len, max_tokens=8)
     try:
-        with _attributed(engine) as where, _Recorder(where, keep_args) as rec:
-            engine.step()
-        if engine.trace[-1].num_decode_tokens != batch_size:
-            raise RuntimeError("the recorded step was not a full decode step")
+        return _record_step(engine, batch_size, keep_args)
     finally:
         _finish(engine)
-    return OperatorCount(tuple(rec.records))
 
 
 @torch.inference_mode()
@@ -197,17 +201,23 @@ def replay_times(count: OperatorCount, passes: int = 15) -> list[float]:
     on its own inputs, straight from aten (no modules, no Python around it): the median over
     ``passes`` passes. In order, so each operator meets the caches as it did in the step. On a CPU
     this is the operator's C++ dispatch plus its arithmetic."""
+    samples: list[list[float]] = [[] for _ in count.records]
+    _replay_pass(count, None)  # warm-up: first calls may initialise caches
+    for _ in range(passes):
+        _replay_pass(count, samples)
+    return [statistics.median(s) for s in samples]
+
+
+def _replay_pass(count: OperatorCount, samples: list[list[float]] | None) -> None:
     if any(r.func is None for r in count.records):
         raise ValueError("these operators were recorded without inputs: use keep_args=True")
-    samples: list[list[float]] = [[] for _ in count.records]
     clock = time.perf_counter
-    for p in range(passes + 1):  # pass 0 warms up: first calls may initialise caches
-        for r, s in zip(count.records, samples, strict=True):
+    with torch.inference_mode():
+        for i, r in enumerate(count.records):
             t0 = clock()
             r.func(*r.args, **r.kwargs)
-            if p:
-                s.append(clock() - t0)
-    return [statistics.median(s) for s in samples]
+            if samples is not None:
+                samples[i].append(clock() - t0)
 
 
 @torch.inference_mode()
@@ -307,20 +317,41 @@ class EagerCalibration:
         return sum(self.kernel_times)
 
 
-def calibrate_eager(llm, twin_llm, batch_size: int = 1, num_steps: int = 20,
-                    passes: int = 15) -> EagerCalibration:
+def calibrate_eager(llm, twin_llm, batch_size: int = 1, rounds: int = 10, steps_per_round: int = 2,
+                    prompt_len: int = 16) -> EagerCalibration:
     """Measure the inputs of the eager model of one decode step, and the step itself, side by side.
 
     ``twin_llm`` serves ``write_overhead_twin(...)`` of ``llm``'s model with the same engine settings.
+    Each round replays both recorded steps once and times ``steps_per_round`` real steps of each
+    engine, so every figure sees the same load; the figures are medians over the rounds.
     """
-    real_ops = record_decode_step(llm, batch_size, keep_args=True)
-    twin_ops = record_decode_step(twin_llm, batch_size, keep_args=True)
-    real_t, twin_t = replay_times(real_ops, passes), replay_times(twin_ops, passes)
-    if [r.name for r in real_ops.records] == [r.name for r in twin_ops.records]:
-        kernels = tuple(max(0.0, a - b) for a, b in zip(real_t, twin_t, strict=True))
-    else:  # different code paths (should not happen): subtract the twin's typical operator instead
-        floor = statistics.median(twin_t)
-        kernels = tuple(max(0.0, a - floor) for a in real_t)
-    real_step, twin_step = measure_decode_steps([llm, twin_llm], [batch_size], num_steps)
-    return EagerCalibration(batch_size, real_ops.total, twin_step[batch_size] / twin_ops.total,
-                            kernels, real_step[batch_size], twin_step[batch_size])
+    engines = [_engine(llm), _engine(twin_llm)]
+    try:
+        for e in engines:
+            _start_decode(e, batch_size, prompt_len, rounds * steps_per_round + 4)
+        real_ops, twin_ops = (_record_step(e, batch_size, keep_args=True) for e in engines)
+        if [r.name for r in real_ops.records] != [r.name for r in twin_ops.records]:
+            raise RuntimeError("the twin dispatched different operators; build it with "
+                               "write_overhead_twin from the same model directory")
+        replays: list[list[list[float]]] = [[[] for _ in c.records] for c in (real_ops, twin_ops)]
+        steps: list[list[float]] = [[], []]
+        for c in (real_ops, twin_ops):
+            _replay_pass(c, None)
+        for _ in range(rounds):
+            for c, samples in zip((real_ops, twin_ops), replays, strict=True):
+                _replay_pass(c, samples)
+            for _ in range(steps_per_round):
+                for e, s in zip(engines, steps, strict=True):
+                    t0 = time.perf_counter()
+                    e.step()
+                    s.append(time.perf_counter() - t0)
+                    if e.trace[-1].num_decode_tokens != batch_size:
+                        raise RuntimeError("a timed step was not a full decode step")
+    finally:
+        for e in engines:
+            _finish(e)
+    real_t, twin_t = ([statistics.median(s) for s in r] for r in replays)
+    kernels = tuple(max(0.0, a - b) for a, b in zip(real_t, twin_t, strict=True))
+    real_step, twin_step = statistics.median(steps[0]), statistics.median(steps[1])
+    return EagerCalibration(batch_size, real_ops.total, twin_step / twin_ops.total, kernels,
+                            real_step, twin_step)

@@ -103,7 +103,7 @@ def test_overhead_twin_dispatches_the_same_operators(tmp_path):
     real = record_decode_step(_llm(path), 2)
     twin = record_decode_step(_llm(twin_dir), 2)
     assert [(r.name, r.where) for r in real.records] == [(r.name, r.where) for r in twin.records]
-    cal = calibrate_eager(_llm(path), _llm(twin_dir), batch_size=2, num_steps=3, passes=2)
+    cal = calibrate_eager(_llm(path), _llm(twin_dir), batch_size=2, rounds=2, steps_per_round=1)
     assert cal.num_ops == real.total == len(cal.kernel_times)
     assert all(k >= 0 for k in cal.kernel_times)
     assert cal.host_per_op > 0 and cal.measured_step > 0
