@@ -89,9 +89,13 @@ def test_profiling_leaves_the_engine_idle_and_its_output_unchanged(tmp_path):
     greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     fresh = [o.outputs[0].token_ids for o in _llm(path).generate(prompts, greedy, use_tqdm=False)]
     llm = _llm(path, enable_prefix_caching=True)
+    users = llm.engine.add_request([3, 4, 5], greedy)  # finished but not collected yet: must survive
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
     replay_times(record_decode_step(llm, 2, keep_args=True), passes=2)  # replays write the KV cache
     measure_decode_steps([llm], [1, 2], num_steps=2)
-    assert not llm.engine.has_unfinished_requests() and not llm.engine.requests
+    assert not llm.engine.has_unfinished_requests() and list(llm.engine.requests) == [users]
+    assert len(llm.engine.pop_finished(users).outputs[0].token_ids) == 12
     llm.engine.block_pool.check_invariants()
     after = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
     assert after == fresh
