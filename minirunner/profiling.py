@@ -210,10 +210,10 @@ def replay_times(count: OperatorCount, passes: int = 15) -> list[float]:
     return [statistics.median(s) for s in samples]
 
 
-def _replay_pass(count: OperatorCount, samples: list[list[float]] | None) -> None:
+def _replay_pass(count: OperatorCount, samples: list[list[float]] | None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
     if any(r.func is None for r in count.records):
         raise ValueError("these operators were recorded without inputs: use keep_args=True")
-    clock = time.perf_counter
     with torch.inference_mode():
         for i, r in enumerate(count.records):
             t0 = clock()
@@ -320,12 +320,15 @@ class EagerCalibration:
 
 
 def calibrate_eager(llm, twin_llm, batch_size: int = 1, rounds: int = 10, steps_per_round: int = 2,
-                    prompt_len: int = 16) -> EagerCalibration:
+                    prompt_len: int = 16,
+                    clock: Callable[[], float] = time.perf_counter) -> EagerCalibration:
     """Measure the inputs of the eager model of one decode step, and the step itself, side by side.
 
     ``twin_llm`` serves ``write_overhead_twin(...)`` of ``llm``'s model with the same engine settings.
     Each round replays both recorded steps once and times ``steps_per_round`` real steps of each
-    engine, so every figure sees the same load; the figures are medians over the rounds.
+    engine, so every figure sees the same load; the figures are medians over the rounds. ``clock``
+    may be ``time.thread_time`` (CPU time of this thread) so that, on a shared machine, time spent
+    descheduled in favour of other programs does not count.
     """
     engines = [_engine(llm), _engine(twin_llm)]
     try:
@@ -341,12 +344,12 @@ def calibrate_eager(llm, twin_llm, batch_size: int = 1, rounds: int = 10, steps_
             _replay_pass(c, None)
         for _ in range(rounds):
             for c, samples in zip((real_ops, twin_ops), replays, strict=True):
-                _replay_pass(c, samples)
+                _replay_pass(c, samples, clock)
             for _ in range(steps_per_round):
                 for e, s in zip(engines, steps, strict=True):
-                    t0 = time.perf_counter()
+                    t0 = clock()
                     e.step()
-                    s.append(time.perf_counter() - t0)
+                    s.append(clock() - t0)
                     if e.trace[-1].num_decode_tokens != batch_size:
                         raise RuntimeError("a timed step was not a full decode step")
     finally:
