@@ -21,6 +21,8 @@ SUPPORTED_ARCHITECTURES = {
 }
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
+KV_LAYOUTS = ("paged", "contiguous", "contiguous_exact")
+
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
            "float16": torch.float16, "half": torch.float16}
 
@@ -147,8 +149,15 @@ class EngineConfig:
     max_model_len: int | None = None
     attention_backend: str = "auto"
     seed: int = 0
+    kv_layout: str = "paged"  # "paged" | "contiguous" (reserve max_model_len) | "contiguous_exact"
+    trace_block_tables: bool = False
 
     def validate(self, model_config: ModelConfig) -> None:
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout must be one of {list(KV_LAYOUTS)}, got {self.kv_layout!r}")
+        if self.kv_layout != "paged" and self.enable_prefix_caching:
+            raise ValueError("prefix caching shares blocks between requests, which a contiguous "
+                             "reservation cannot: use kv_layout='paged' or enable_prefix_caching=False")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.max_num_seqs < 1:

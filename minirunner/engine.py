@@ -19,6 +19,7 @@ import torch
 
 from minirunner.attention import get_backend_class, resolve_backend_name
 from minirunner.config import EngineConfig, ModelConfig
+from minirunner.kv.contiguous import ContiguousKVManager
 from minirunner.kv.manager import KVCacheManager
 from minirunner.model.loader import load_model
 from minirunner.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -32,9 +33,17 @@ _DEFAULT_CPU_KV_BYTES = 1 << 30
 TRACE_MAX_STEPS = 10_000
 
 
-@dataclass
+@dataclass(slots=True)
 class StepTrace:
-    """What one engine step did, as plain data for notebooks and plots."""
+    """What one engine step did, as plain data for notebooks and plots.
+
+    Occupancy (``blocks_*``, ``kv_slots_*``, ``block_tables``) is taken during the step, after this step's
+    K/V is in the cache and before finished requests free their blocks: the step's peak.
+    ``blocks_used_after`` is what stays in use once they have. ``kv_slots_used`` counts tokens whose K/V
+    the cache holds (a shared block counted once), ``kv_slots_allocated`` the slots of the blocks in use.
+    ``block_tables`` is filled only with ``LLM(trace_block_tables=True)`` (copying every table each step
+    costs time a benchmark should not pay).
+    """
 
     step: int
     request_ids: list[str]
@@ -44,6 +53,11 @@ class StepTrace:
     blocks_used: int
     blocks_free: int
     blocks_cached: int
+    blocks_used_after: int
+    kv_slots_used: int
+    kv_slots_allocated: int
+    num_running: int
+    num_waiting: int
     num_preempted: int
     preempted_ids: list[str]
     finished_ids: list[str]
@@ -70,8 +84,12 @@ class LLMEngine:
         self.backend = get_backend_class(backend_name)(
             mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5,
             config.block_size, config.device, config.dtype)
-        self.kv = KVCacheManager(self.num_kv_blocks, config.block_size,
-                                 config.enable_prefix_caching)
+        if config.kv_layout == "paged":
+            self.kv = KVCacheManager(self.num_kv_blocks, config.block_size,
+                                     config.enable_prefix_caching)
+        else:
+            self.kv = ContiguousKVManager(self.num_kv_blocks, config.block_size, config.max_model_len,
+                                          exact=config.kv_layout == "contiguous_exact")
         self.block_pool = self.kv.pool
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.backend, self.num_kv_blocks, config.block_size,
@@ -101,11 +119,14 @@ class LLMEngine:
             per_seq = -(-cfg.max_model_len // cfg.block_size) * block_bytes
             budget = min(_DEFAULT_CPU_KV_BYTES, per_seq * cfg.max_num_seqs)
             source = "the default CPU budget"
-        blocks = budget // block_bytes
+        # The KV tensors hold one more block than the pool hands out (the runner's null block, where
+        # padding rows write), so the budget pays for it too.
+        blocks = budget // block_bytes - 1
         if blocks < 1:
-            raise ValueError(f"the KV cache does not fit: {source} gives {budget} bytes but one block "
-                             f"of {cfg.block_size} tokens needs {block_bytes} bytes for this model; "
-                             "raise the budget, or lower block_size")
+            raise ValueError(f"the KV cache does not fit: {source} gives {budget} bytes but two blocks "
+                             f"of {cfg.block_size} tokens (one, plus the null block) need "
+                             f"{2 * block_bytes} bytes for this model; raise the budget, or lower "
+                             "block_size")
         return int(blocks)
 
     # -- requests -------------------------------------------------------------------------------
@@ -141,8 +162,7 @@ class LLMEngine:
             raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
         max_len = max_model_len if params.max_tokens is None else min(
             max_model_len, len(token_ids) + params.max_tokens)
-        # The last sampled token's K/V is never written, so max_len - 1 tokens need slots.
-        need = self.kv.blocks_for_tokens(max_len - 1)
+        need = self.kv.reservation_blocks(max_len)
         if need > self.num_kv_blocks:
             raise ValueError(f"this request needs up to {need} KV blocks (prompt {len(token_ids)} + "
                              f"max_tokens {params.max_tokens}) but the pool has only "
@@ -162,7 +182,7 @@ class LLMEngine:
         request = self.requests.get(request_id)
         if request is None or request.is_finished:
             return
-        self.scheduler.finish(request)
+        self._finish(request)
         request.finish("abort")
 
     def abort_all(self, request_ids) -> None:
@@ -178,13 +198,20 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     # -- the loop -------------------------------------------------------------------------------
+    def _finish(self, request: Request) -> None:
+        self.scheduler.finish(request)
+        self.runner.free_request(request.request_id)
+
     def step(self) -> list[tuple[Request, list[int]]]:
         """Run one engine step. Returns (request, tokens appended this step) for every request that
         produced a token or finished."""
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
+        for request_id in sched.preempted:
+            self.runner.free_request(request_id)
         produced: list[tuple[Request, list[int]]] = []
         finished: list[str] = []
+        occupancy = None
         if sched.scheduled:
             tokens, logits = self.runner.execute(sched.scheduled, self.kv)
             sampling = [s for s in sched.scheduled if s.samples]
@@ -192,14 +219,15 @@ class LLMEngine:
                 s.request.num_computed_tokens += s.num_new_tokens
             if self.keep_logits and logits is not None:
                 self.last_logits = {s.request.request_id: logits[i] for i, s in enumerate(sampling)}
+            occupancy = self._occupancy()  # the step's peak: before finished requests free blocks
             for s, token in zip(sampling, tokens, strict=True):
                 request = s.request
                 request.append_token(token)
                 if self._check_stop(request, token):
-                    self.scheduler.finish(request)
+                    self._finish(request)
                     finished.append(request.request_id)
                 produced.append((request, [token]))
-        self._record(sched, finished, time.perf_counter() - t0)
+        self._record(sched, finished, occupancy or self._occupancy(), time.perf_counter() - t0)
         return produced
 
     def _check_stop(self, request: Request, token: int) -> bool:
@@ -222,25 +250,37 @@ class LLMEngine:
             return ""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
-    def _record(self, sched, finished: list[str], duration: float) -> None:
+    def _occupancy(self) -> dict:
+        """Blocks and KV slots in use now, and (with trace_block_tables) every block table."""
+        pool, block_size = self.block_pool, self.config.block_size
+        held = sum(r.num_computed_tokens for r in self.scheduler.running)
+        if self.kv.enable_prefix_caching:  # a shared block holds its tokens once
+            held -= block_size * sum(rc - 1 for rc in pool.ref_counts if rc > 1)
+        return dict(
+            blocks_used=pool.num_used_blocks, blocks_free=pool.num_free_blocks,
+            blocks_cached=pool.num_cached_free_blocks if self.kv.enable_prefix_caching else 0,
+            kv_slots_used=held, kv_slots_allocated=pool.num_used_blocks * block_size,
+            num_running=len(self.scheduler.running),
+            block_tables=({rid: list(t.blocks) for rid, t in self.kv.tables.items()}
+                          if self.config.trace_block_tables else {}))
+
+    def _record(self, sched, finished: list[str], occupancy: dict, duration: float) -> None:
         prefill = sum(s.num_new_tokens for s in sched.scheduled
                       if s.request.num_computed_tokens - s.num_new_tokens
                       < len(s.request.prompt_token_ids))
-        pool = self.block_pool
         self.trace.append(StepTrace(
             step=self._steps,
             request_ids=[s.request.request_id for s in sched.scheduled],
             num_prefill_tokens=prefill,
             num_decode_tokens=sched.num_tokens - prefill,
             num_tokens=sched.num_tokens,
-            blocks_used=pool.num_used_blocks,
-            blocks_free=pool.num_free_blocks,
-            blocks_cached=pool.num_cached_free_blocks,
+            blocks_used_after=self.block_pool.num_used_blocks,
+            num_waiting=len(self.scheduler.waiting),
             num_preempted=len(sched.preempted),
             preempted_ids=list(sched.preempted),
             finished_ids=finished,
-            block_tables={rid: list(t.blocks) for rid, t in self.kv.tables.items()},
             duration_s=duration,
+            **occupancy,
         ))
         self._steps += 1
 

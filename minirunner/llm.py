@@ -51,7 +51,7 @@ class LLM:
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = False,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, attention_backend: str = "auto",
-                 seed: int = 0):
+                 seed: int = 0, kv_layout: str = "paged", trace_block_tables: bool = False):
         if model is None:
             model = default_model_dir()
             if not (Path(model) / "config.json").is_file():
@@ -66,7 +66,8 @@ class LLM:
             gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-            attention_backend=attention_backend, seed=seed)
+            attention_backend=attention_backend, seed=seed, kv_layout=kv_layout,
+            trace_block_tables=trace_block_tables)
         self.engine = LLMEngine(config, model_config)
 
     def get_tokenizer(self):

@@ -10,6 +10,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from minirunner.sampling_params import SamplingParams
 
 
@@ -40,6 +42,13 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
+    # prompt + output token ids in one preallocated int64 array of max_len entries (valid up to
+    # num_tokens): the runner slices it each step instead of concatenating lists.
+    token_buffer: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.token_buffer = np.zeros(max(self.max_len, len(self.prompt_token_ids)), dtype=np.int64)
+        self.token_buffer[:len(self.prompt_token_ids)] = self.prompt_token_ids
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -56,6 +65,7 @@ class Request:
     def append_token(self, token_id: int) -> None:
         if self.first_token_time is None:
             self.first_token_time = time.perf_counter()
+        self.token_buffer[self.num_tokens] = token_id
         self.output_token_ids.append(token_id)
 
     def finish(self, reason: str, stop_reason: str | int | None = None) -> None:

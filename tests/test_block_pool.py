@@ -46,7 +46,8 @@ class PoolMachine(RuleBasedStateMachine):
         """Decode: a live request grows by a few tokens (needs new blocks at block boundaries)."""
         request = data.draw(st.sampled_from(sorted(self.live.values(), key=lambda r: r.request_id)))
         new = [data.draw(st.integers(0, 3)) for _ in range(extra)]
-        request.output_token_ids.extend(new)
+        for token in new:
+            request.append_token(token)
         if self.kv.allocate(request, extra):
             request.num_computed_tokens += extra
             self.kv.cache_full_blocks(request)

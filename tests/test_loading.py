@@ -53,7 +53,8 @@ def test_kv_budget_in_bytes(tmp_path, block_size):
     budget = 1_000_000
     llm = LLM(str(path), dtype="float32", device="cpu", block_size=block_size,
               kv_cache_memory_bytes=budget)
-    assert llm.engine.num_kv_blocks == budget // (per_token * block_size)
+    # the tensors hold the whole budget: the pool's blocks plus the runner's null block
+    assert llm.engine.num_kv_blocks == budget // (per_token * block_size) - 1
     kv = llm.engine.runner.kv_caches
     assert len(kv) == cfg.num_hidden_layers
     assert kv[0].shape == (budget // (per_token * block_size), 2, block_size,

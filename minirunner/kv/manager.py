@@ -19,6 +19,11 @@ class KVCacheManager:
     def blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def reservation_blocks(self, max_len: int) -> int:
+        """The most blocks a request reaching max_len tokens can hold (the last sampled token's K/V is
+        never written): what it needs if it were alone in the pool."""
+        return self.blocks_for_tokens(max_len - 1)
+
     def table(self, request_id: str) -> BlockTable:
         return self.tables[request_id]
 
@@ -75,13 +80,13 @@ class KVCacheManager:
             return
         table = self.tables[request.request_id]
         hashes = self._hashes[request.request_id]
-        tokens = request.all_token_ids
+        tokens = request.token_buffer
         if num_tokens is None:
             num_tokens = request.num_computed_tokens
-        num_full = min(num_tokens, len(tokens)) // self.block_size
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
         for i in range(len(hashes), num_full):
             parent = hashes[-1] if hashes else None
-            chunk = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
+            chunk = tuple(tokens[i * self.block_size:(i + 1) * self.block_size].tolist())
             hashes.append(self.pool.cache_block(table.blocks[i], parent, chunk))
 
     def free(self, request: Request) -> None:
