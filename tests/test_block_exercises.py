@@ -29,7 +29,7 @@ def model_dir(tmp_path_factory):
 def _run(model_dir, problem, **kw):
     llm = LLM(model_dir, dtype="float32", device="cpu", attention_backend="torch",
               block_size=problem["block_size"], num_kv_blocks=problem["num_blocks"],
-              max_num_seqs=8, max_num_batched_tokens=256, **kw)
+              max_num_seqs=8, max_num_batched_tokens=256, trace_block_tables=True, **kw)
     prompts = [[3 + 10 * i + j for j in range(n)] for i, n in enumerate(problem["prompt_lens"])]
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)
               for m in problem["max_tokens"]]
@@ -46,9 +46,10 @@ def _compare(model_dir, problem):
         assert real["request_ids"] == [rids[i] for i in mine.scheduled], real["step"]
         assert real["preempted_ids"] == [rids[i] for i in mine.preempted], real["step"]
         assert real["finished_ids"] == [rids[i] for i in mine.finished], real["step"]
-        for i, table in mine.block_tables.items():
-            if i not in mine.finished:  # finished requests: recorded or not, depending on when
-                assert real["block_tables"][rids[i]] == table, (real["step"], i)
+        # the trace takes tables during the step (finished requests still hold theirs)
+        assert real["block_tables"] == {rids[i]: t for i, t in mine.block_tables.items()}, real["step"]
+        assert real["blocks_free"] == problem["num_blocks"] - sum(map(len, mine.block_tables.values()))
+        assert real["blocks_used_after"] == problem["num_blocks"] - mine.blocks_free
     return twin
 
 
