@@ -101,3 +101,25 @@ def test_no_machine_specific_paths(path):
         for text in texts:
             hit = MACHINE_PATH.search(text)
             assert hit is None, f"cell {i} contains a machine path near {text[hit.start():][:60]!r}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_execution_timestamps_and_stable_cell_ids(path):
+    # re-running a notebook must not touch every cell in the diff: scripts/strip_notebook_metadata.py
+    nb = _load(path)
+    for i, cell in enumerate(nb["cells"]):
+        assert "execution" not in cell.get("metadata", {}), (
+            f"cell {i} carries execution timestamps: run python scripts/strip_notebook_metadata.py {path.name}")
+        assert cell.get("id"), f"cell {i} has no id"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_widget_state_is_saved_so_widgets_render_on_opening(path):
+    nb = _load(path)
+    uses_widgets = any("ipywidgets" in _source(c) for c in nb["cells"] if c["cell_type"] == "code")
+    if uses_widgets:
+        state = nb["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+        assert state.get("state"), "execute with --ExecutePreprocessor.store_widget_state=True"
+        views = [o for c in nb["cells"] for o in c.get("outputs", [])
+                 if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+        assert views, "no widget view saved in any output"
