@@ -54,6 +54,12 @@ PAPER: dict[str, PaperFigure] = {
     "sharegpt_output_mean": PaperFigure(337.99, "Fig. 11", "§6.1", "ShareGPT mean output tokens"),
     "alpaca_prompt_mean": PaperFigure(19.31, "Fig. 11", "§6.1", "Alpaca mean input tokens"),
     "alpaca_output_mean": PaperFigure(58.45, "Fig. 11", "§6.1", "Alpaca mean output tokens"),
+    # block size (§7.2, Fig. 18): the best throughput range, and the default of vLLM v0's design doc
+    "best_block_sharegpt_low": PaperFigure(16, "Fig. 18", "§7.2", "best block size on ShareGPT, low end"),
+    "best_block_sharegpt_high": PaperFigure(128, "Fig. 18", "§7.2", "best block size on ShareGPT, high end"),
+    "best_block_alpaca_low": PaperFigure(16, "Fig. 18", "§7.2", "best block size on Alpaca, low end"),
+    "best_block_alpaca_high": PaperFigure(32, "Fig. 18", "§7.2", "best block size on Alpaca, high end"),
+    "vllm_default_block_size": PaperFigure(16, "vLLM v0 design doc", "-", "vLLM's default block size"),
     # headline claims
     "throughput_low": PaperFigure(2, "abstract", "abstract", "throughput gain over FasterTransformer "
                                   "and Orca at the same latency, low end"),
