@@ -431,6 +431,6 @@ def make_belady_exercise(seed: int) -> Exercise:
             return Verdict(False, "the 4-frame count is right; redo the 3-frame run from an empty memory.")
         return Verdict(False, "FIFO evicts the page LOADED longest ago, even if it was just used.")
 
+    # no single command prints this pair: run `policy -p FIFO -A <trace> -c` with -C 3, then -C 4
     return Exercise(seed, question, (m3, m4), diagnose,
-                    hint="simulate FIFO twice, once per frame count; a hit does not reorder FIFO.",
-                    command=f"python -m simulators.paging policy -p FIFO -C 3 -A {','.join(map(str, trace))}")
+                    hint="simulate FIFO twice, once per frame count; a hit does not reorder FIFO.")

@@ -220,5 +220,10 @@ def test_cli_compare_and_exercises(capsys):
     assert ex.question in out and f"ANSWER {ex.solution()}" in out
     main(["bytes", "-s", "4"])
     assert "ANSWER" not in capsys.readouterr().out
+    for seed in range(10):  # each exercise's command prints its question and, with -c, its solution
+        for ex in (make_exercise(seed), make_exercise(seed, "float8"), make_fit_exercise(seed)):
+            main(ex.command.split()[3:] + ["-c"])
+            out = capsys.readouterr().out
+            assert ex.question in out and out.strip().endswith(f"ANSWER {ex.solution()}")
     with pytest.raises(SystemExit):
         main(["compare", "-n", "0"])

@@ -6,6 +6,7 @@ paths); whether the cells run and their outputs match is nbval's job (``pytest n
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -103,9 +104,21 @@ def test_no_machine_specific_paths(path):
             assert hit is None, f"cell {i} contains a machine path near {text[hit.start():][:60]!r}"
 
 
+def _strip_script():
+    spec = importlib.util.spec_from_file_location(
+        "strip_notebook_metadata", NOTEBOOK_DIR.parent / "scripts" / "strip_notebook_metadata.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_no_execution_timestamps_and_stable_cell_ids(path):
     # re-running a notebook must not touch every cell in the diff: scripts/strip_notebook_metadata.py
+    text = path.read_text(encoding="utf-8")
+    script = _strip_script()
+    assert script.render(script.strip(json.loads(text))) == text, (
+        f"run python scripts/strip_notebook_metadata.py notebooks/{path.name}")
     nb = _load(path)
     for i, cell in enumerate(nb["cells"]):
         assert "execution" not in cell.get("metadata", {}), (
