@@ -50,6 +50,7 @@ class StepTrace:
     num_prefill_tokens: int
     num_decode_tokens: int
     num_tokens: int
+    num_output_tokens: int
     blocks_used: int
     blocks_free: int
     blocks_cached: int
@@ -227,7 +228,8 @@ class LLMEngine:
                     self._finish(request)
                     finished.append(request.request_id)
                 produced.append((request, [token]))
-        self._record(sched, finished, occupancy or self._occupancy(), time.perf_counter() - t0)
+        self._record(sched, finished, occupancy or self._occupancy(), len(produced),
+                     time.perf_counter() - t0)
         return produced
 
     def _check_stop(self, request: Request, token: int) -> bool:
@@ -264,7 +266,8 @@ class LLMEngine:
             block_tables=({rid: list(t.blocks) for rid, t in self.kv.tables.items()}
                           if self.config.trace_block_tables else {}))
 
-    def _record(self, sched, finished: list[str], occupancy: dict, duration: float) -> None:
+    def _record(self, sched, finished: list[str], occupancy: dict, num_output_tokens: int,
+                duration: float) -> None:
         prefill = sum(s.num_new_tokens for s in sched.scheduled
                       if s.request.num_computed_tokens - s.num_new_tokens
                       < len(s.request.prompt_token_ids))
@@ -274,6 +277,7 @@ class LLMEngine:
             num_prefill_tokens=prefill,
             num_decode_tokens=sched.num_tokens - prefill,
             num_tokens=sched.num_tokens,
+            num_output_tokens=num_output_tokens,
             blocks_used_after=self.block_pool.num_used_blocks,
             num_waiting=len(self.scheduler.waiting),
             num_preempted=len(sched.preempted),

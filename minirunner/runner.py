@@ -119,7 +119,7 @@ class ModelRunner:
                           for _ in range(cfg.num_layers)]
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         T, S = max_num_batched_tokens, max_num_seqs
-        self._staging: dict[int, torch.Tensor] = {}
+        self._host: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
         self.state = _StateRows(2 * S, self.max_blocks_per_seq)
         self.input_ids = self._buffer(T, torch.int64)
         self.positions = self._buffer(T, torch.int64)
@@ -134,20 +134,21 @@ class ModelRunner:
     def _buffer(self, shape, dtype, fill: int = 0) -> torch.Tensor:
         buf = torch.full(shape if isinstance(shape, tuple) else (shape,), fill, dtype=dtype,
                          device=self.device)
-        if buf.device.type == "cuda":  # a pinned host mirror, so copies do not block the host
-            self._staging[buf.data_ptr()] = torch.empty_like(buf, device="cpu").pin_memory()
+        # The host side of the buffer: a pinned mirror on CUDA (copies then do not block the host), the
+        # buffer itself on a CPU (no copy at all).
+        host = torch.empty_like(buf, device="cpu").pin_memory() if buf.device.type == "cuda" else buf
+        self._host[buf.data_ptr()] = (host, host.numpy())
         return buf
 
     def _put(self, buf: torch.Tensor, arr: np.ndarray) -> torch.Tensor:
-        """Copy a host array into the front of a static buffer; returns the view."""
+        """Write a host array into the front of a static buffer; returns the view."""
         index = tuple(slice(0, n) for n in arr.shape)
+        host, host_np = self._host[buf.data_ptr()]
+        host_np[index] = arr
+        if host is buf:
+            return buf[index]
         view = buf[index]
-        if buf.device.type == "cuda":
-            host = self._staging[buf.data_ptr()][index]
-            host.numpy()[...] = arr
-            view.copy_(host, non_blocking=True)
-        else:
-            view.numpy()[...] = arr
+        view.copy_(host[index], non_blocking=True)
         return view
 
     def free_request(self, request_id: str) -> None:

@@ -23,16 +23,22 @@ from minirunner.attention.base import AttentionBackend
 from minirunner.attention.metadata import AttentionMetadata
 
 
+def slot_blocks_offsets(slot_mapping: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block, offset) of each slot by floor division, so slot -1 is (-1, block_size - 1): the last block."""
+    blocks = torch.div(slot_mapping, block_size, rounding_mode="floor")
+    return blocks, slot_mapping - blocks * block_size
+
+
 def store_kv_padded(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                    slot_mapping: torch.Tensor) -> None:
+                    slot_mapping: torch.Tensor,
+                    blocks_offsets: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """Write k, v at their slots with no host sync; slot -1 rows land in the cache's last (null) block.
 
     k, v: [num_tokens, num_kv_heads, head_dim]; kv_cache: [num_blocks + 1, 2, block_size, num_kv_heads,
-    head_dim] whose last block is scratch; slot_mapping: int64 [num_tokens].
+    head_dim] whose last block is scratch; slot_mapping: int64 [num_tokens]; blocks_offsets: the
+    slots' ``slot_blocks_offsets``, when already computed for this step.
     """
-    block_size = kv_cache.shape[2]
-    blocks = torch.div(slot_mapping, block_size, rounding_mode="floor")
-    offsets = slot_mapping - blocks * block_size
+    blocks, offsets = blocks_offsets or slot_blocks_offsets(slot_mapping, kv_cache.shape[2])
     kv_cache[blocks, 0, offsets] = k.to(kv_cache.dtype)
     kv_cache[blocks, 1, offsets] = v.to(kv_cache.dtype)
 
@@ -61,7 +67,7 @@ def paged_decode_vectorized(q: torch.Tensor, kv_cache: torch.Tensor, block_table
     k, v = _gather(kv_cache, block_tables)
     hkv = k.shape[1]
     # [S, Hkv, G, D]: the G query heads sharing a KV head act as G query rows of that head.
-    out = F.scaled_dot_product_attention(q.view(s, hkv, hq // hkv, d), k.to(q.dtype), v.to(q.dtype),
+    out = F.scaled_dot_product_attention(q.reshape(s, hkv, hq // hkv, d), k.to(q.dtype), v.to(q.dtype),
                                          attn_mask=key_mask, scale=scale)
     out = out.reshape(s, hq, d)
     return out if row_valid is None else out * row_valid
@@ -115,6 +121,7 @@ class TorchAttentionBackend(AttentionBackend):
         super().__init__(*args, **kwargs)
         self._decode: _DecodeGroup | None = None
         self._prefill: _PrefillGroup | None = None
+        self._store: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # -- per step ---------------------------------------------------------------------------------
     def plan(self, meta: AttentionMetadata) -> None:
@@ -124,6 +131,7 @@ class TorchAttentionBackend(AttentionBackend):
         seq_lens = meta.seq_lens_cpu.numpy().astype(np.int64)
         qlens = qsl[1:] - qsl[:-1]
         self._decode = self._prefill = None
+        self._store = slot_blocks_offsets(meta.slot_mapping, self.block_size)
         if meta.is_decode_only:
             self._decode = self._plan_decode(meta, None, seq_lens, None)
             return
@@ -178,7 +186,7 @@ class TorchAttentionBackend(AttentionBackend):
     # -- per layer --------------------------------------------------------------------------------
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
-        store_kv_padded(k, v, kv_cache, meta.slot_mapping)
+        store_kv_padded(k, v, kv_cache, meta.slot_mapping, self._store)
         dec, pre = self._decode, self._prefill
         if dec is not None and dec.token_rows is None:
             return paged_decode_vectorized(q, kv_cache, dec.block_tables, dec.key_mask, dec.row_valid,

@@ -66,4 +66,5 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
     # RoPE frequencies stay fp32 whatever the weights' dtype (as in transformers).
     model.rotary.inv_freq = inverse_frequencies(
         config.head_dim, config.rope_theta, config.rope_scaling).to(device)
+    model.fuse_projections()
     return model
