@@ -29,13 +29,24 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-prefix-caching", action="store_true", help="share KV of common prefixes")
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton", "flashinfer"],
                    help="auto = flashinfer, else triton on CUDA; torch on CPU")
+    p.add_argument("--num-threads", default="auto",
+                   help="CPU threads for torch: auto = 1 for a model under 100M parameters, else torch's "
+                        "default; or a number")
 
 
 def _llm_kwargs(args) -> dict:
     return dict(model=args.model, dtype=args.dtype, device=args.device, block_size=args.block_size,
                 num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len,
                 max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                enable_prefix_caching=args.enable_prefix_caching, attention_backend=args.attention_backend)
+                enable_prefix_caching=args.enable_prefix_caching, attention_backend=args.attention_backend,
+                num_threads=args.num_threads if args.num_threads == "auto" else _int(args.num_threads))
+
+
+def _int(text: str) -> int | str:
+    try:
+        return int(text)
+    except ValueError:
+        return text  # LLM refuses it with a message saying what is allowed
 
 
 def build_parser() -> argparse.ArgumentParser:

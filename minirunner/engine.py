@@ -30,6 +30,9 @@ from minirunner.scheduler import Scheduler
 from minirunner.tokenizer import load_tokenizer
 
 _DEFAULT_CPU_KV_BYTES = 1 << 30
+# Below this many parameters a CPU step is a few hundred small operators: splitting each over several
+# threads costs more in fork/join than it saves (measured: see benchmarks/README.md), so "auto" uses one.
+_SMALL_MODEL_PARAMS = 100_000_000
 TRACE_MAX_STEPS = 10_000
 
 
@@ -77,6 +80,7 @@ class LLMEngine:
                               | _generation_eos(config.model)
                               | frozenset(() if tokenizer_eos is None else (tokenizer_eos,)))
         torch.manual_seed(config.seed)
+        self.num_threads = _configure_cpu_threads(config, self.model_config)
         self._rng = random.Random(config.seed)
         mc = self.model_config
         self.model = load_model(config.model, mc, config.dtype, config.device)
@@ -313,6 +317,17 @@ class LLMEngine:
     def pop_finished(self, request_id: str) -> RequestOutput:
         """The output of a finished request, forgetting the request."""
         return self.make_output(self.requests.pop(request_id))
+
+
+def _configure_cpu_threads(config: EngineConfig, model_config: ModelConfig) -> int:
+    """On a CPU, set torch's intra-op threads: ``num_threads`` if given, one for a small model under
+    "auto", torch's own setting under None. Returns the number in force (it is process-wide)."""
+    if config.device.type == "cpu" and config.num_threads is not None:
+        if config.num_threads != "auto":
+            torch.set_num_threads(config.num_threads)
+        elif model_config.num_parameters < _SMALL_MODEL_PARAMS:
+            torch.set_num_threads(1)
+    return torch.get_num_threads()
 
 
 def _generation_eos(model_dir: str) -> frozenset[int]:

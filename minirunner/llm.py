@@ -51,7 +51,8 @@ class LLM:
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = False,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, attention_backend: str = "auto",
-                 seed: int = 0, kv_layout: str = "paged", trace_block_tables: bool = False):
+                 seed: int = 0, kv_layout: str = "paged", trace_block_tables: bool = False,
+                 num_threads: int | str | None = "auto"):
         if model is None:
             model = default_model_dir()
             if not (Path(model) / "config.json").is_file():
@@ -67,7 +68,7 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
             attention_backend=attention_backend, seed=seed, kv_layout=kv_layout,
-            trace_block_tables=trace_block_tables)
+            trace_block_tables=trace_block_tables, num_threads=num_threads)
         self.engine = LLMEngine(config, model_config)
 
     def get_tokenizer(self):

@@ -117,11 +117,19 @@ class _PrefillGroup:
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
+    # Decode sequences of very different lengths are split into up to this many groups by length, each
+    # padded to its own longest, when that cuts the padded K/V gathered by a quarter or more.
+    MAX_DECODE_GROUPS = 4
+    MIN_GROUP_SIZE = 16
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._decode: _DecodeGroup | None = None
+        self._decode: list[_DecodeGroup] = []
         self._prefill: _PrefillGroup | None = None
         self._store: tuple[torch.Tensor, torch.Tensor] | None = None
+        # A captured step needs one static decode group (no length-dependent split): graph runners
+        # turn this off.
+        self.split_decode_by_length = True
 
     # -- per step ---------------------------------------------------------------------------------
     def plan(self, meta: AttentionMetadata) -> None:
@@ -130,20 +138,39 @@ class TorchAttentionBackend(AttentionBackend):
         qsl = meta.query_start_loc_cpu.numpy().astype(np.int64)
         seq_lens = meta.seq_lens_cpu.numpy().astype(np.int64)
         qlens = qsl[1:] - qsl[:-1]
-        self._decode = self._prefill = None
+        self._decode, self._prefill = [], None
         self._store = slot_blocks_offsets(meta.slot_mapping, self.block_size)
         if meta.is_decode_only:
-            self._decode = self._plan_decode(meta, None, seq_lens, None)
+            groups = self._length_groups(seq_lens)
+            if len(groups) == 1:  # the whole batch in order: no gather of q, no scatter of outputs
+                self._decode = [self._plan_decode(meta, None, seq_lens, None)]
+            else:
+                self._decode = [self._plan_decode(meta, g, seq_lens[g], g) for g in groups]
             return
         dec = np.flatnonzero((qlens == 1) & (seq_lens > 0))
         pre = np.flatnonzero((qlens > 1) & (seq_lens > 0))
         if dec.size:
-            self._decode = self._plan_decode(meta, dec, seq_lens[dec], qsl[dec])
+            self._decode = [self._plan_decode(meta, dec[g], seq_lens[dec[g]], qsl[dec[g]])
+                            for g in self._length_groups(seq_lens[dec])]
         if pre.size:
             self._prefill = self._plan_prefill(meta, pre, qsl, seq_lens)
 
     def _columns(self, max_len: int) -> int:
         return max(1, -(-int(max_len) // self.block_size))
+
+    def _length_groups(self, seq_lens: np.ndarray) -> list[np.ndarray]:
+        """Indices into seq_lens, one array per group: all of them in order, or consecutive runs of the
+        length-sorted order when padding each run to its own longest saves enough gathering."""
+        n = len(seq_lens)
+        k = min(self.MAX_DECODE_GROUPS, n // self.MIN_GROUP_SIZE)
+        if not self.split_decode_by_length or k < 2:
+            return [np.arange(n)]
+        order = np.argsort(seq_lens, kind="stable")
+        groups = np.array_split(order, k)
+        padded = sum(len(g) * self._columns(seq_lens[g].max()) for g in groups)
+        if padded > 0.75 * n * self._columns(seq_lens.max()):
+            return [np.arange(n)]
+        return groups
 
     def _plan_decode(self, meta: AttentionMetadata, idx: np.ndarray | None, seq_lens: np.ndarray,
                      rows: np.ndarray | None) -> _DecodeGroup:
@@ -188,13 +215,13 @@ class TorchAttentionBackend(AttentionBackend):
                 meta: AttentionMetadata) -> torch.Tensor:
         store_kv_padded(k, v, kv_cache, meta.slot_mapping, self._store)
         dec, pre = self._decode, self._prefill
-        if dec is not None and dec.token_rows is None:
-            return paged_decode_vectorized(q, kv_cache, dec.block_tables, dec.key_mask, dec.row_valid,
-                                           self.scale)
+        if len(dec) == 1 and dec[0].token_rows is None:
+            g = dec[0]
+            return paged_decode_vectorized(q, kv_cache, g.block_tables, g.key_mask, g.row_valid, self.scale)
         out = torch.zeros_like(q)
-        if dec is not None:
-            out[dec.token_rows] = paged_decode_vectorized(
-                q[dec.token_rows], kv_cache, dec.block_tables, dec.key_mask, None, self.scale)
+        for g in dec:
+            out[g.token_rows] = paged_decode_vectorized(
+                q[g.token_rows], kv_cache, g.block_tables, g.key_mask, g.row_valid, self.scale)
         if pre is not None:
             q_pad = q.new_zeros(pre.num_seqs * pre.max_q, *q.shape[1:])
             q_pad[pre.padded_rows] = q[pre.token_rows]
