@@ -103,9 +103,11 @@ class ContiguousKVManager:
     def find_cached_prefix(self, request: Request) -> list[int]:
         return []
 
-    def allocate(self, request: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
+    def allocate(self, request: Request, num_new_tokens: int, cached_blocks: list[int] = (),
+                 headroom: int = 0) -> bool:
         """Reserve the request's whole run on its first call; later calls need nothing new. Returns False,
-        changing nothing, when no free run is long enough."""
+        changing nothing, when no free run is long enough. (A reservation never grows, so running
+        requests need no headroom: it is ignored.)"""
         if request.request_id in self.tables:
             return True
         n = self.reservation_blocks(request.max_len)

@@ -45,18 +45,18 @@ class KVCacheManager:
         return blocks
 
     def can_allocate(self, request: Request, num_new_tokens: int,
-                     cached_blocks: list[int] = ()) -> bool:
+                     cached_blocks: list[int] = (), headroom: int = 0) -> bool:
         table = self.tables.get(request.request_id) or BlockTable(self.block_size)
         total = request.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
         fresh = max(0, self.blocks_for_tokens(total) - len(table) - len(cached_blocks))
         revived = sum(1 for b in cached_blocks if self.pool.ref_counts[b] == 0)
-        return fresh + revived <= self.pool.num_free_blocks
+        return fresh + revived + headroom <= self.pool.num_free_blocks
 
     def allocate(self, request: Request, num_new_tokens: int,
-                 cached_blocks: list[int] = ()) -> bool:
-        """Make room for ``num_new_tokens`` more tokens (after taking ``cached_blocks`` as the prefix).
-        Returns False, changing nothing, if the pool cannot supply the blocks."""
-        if not self.can_allocate(request, num_new_tokens, cached_blocks):
+                 cached_blocks: list[int] = (), headroom: int = 0) -> bool:
+        """Make room for ``num_new_tokens`` more tokens (after taking ``cached_blocks`` as the prefix),
+        leaving at least ``headroom`` blocks free. Returns False, changing nothing, if the pool cannot."""
+        if not self.can_allocate(request, num_new_tokens, cached_blocks, headroom):
             return False
         table = self.tables.setdefault(request.request_id, BlockTable(self.block_size))
         hashes = self._hashes.setdefault(request.request_id, [])
