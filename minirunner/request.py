@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from minirunner.sampling_params import SamplingParams
 
@@ -40,6 +41,14 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
+    # vLLM-shaped extras (issue 12): filled by the engine, read by make_output.
+    group_id: str = ""  # the id add_request returned; its n completions share it
+    index: int = 0  # which of the group's n completions this is
+    detok: Any = None  # IncrementalDetokenizer, or None without a tokenizer
+    fork_children: list = field(default_factory=list)  # completions 1..n-1, forked after the prompt
+    logprobs: list | None = None  # per output token: {token id: Logprob}
+    prompt_logprobs: list | None = None  # per prompt token: None for the first, then {id: Logprob}
+    cumulative_logprob: float | None = None
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -18,6 +18,8 @@ from kernels.sampling import sample, sample_ref
 from minirunner.attention import AttentionMetadata
 from minirunner.attention.base import AttentionBackend
 from minirunner.kv.manager import KVCacheManager
+from minirunner.logits_processing import LogitsProcessors, apply_logits_processors
+from minirunner.logprobs import TokenLogprobs, prompt_rows, score_tokens
 from minirunner.model.decoder import DecoderLM
 from minirunner.scheduler import ScheduledRequest
 
@@ -43,6 +45,20 @@ class ModelRunner:
         self.query_start_loc = torch.zeros(S + 1, dtype=torch.int32, device=dev)
         self.seq_lens = torch.zeros(S, dtype=torch.int32, device=dev)
         self.block_tables = torch.zeros(S, self.max_blocks_per_seq, dtype=torch.int32, device=dev)
+        self.logits_processors = LogitsProcessors(cfg.vocab_size, dev)
+        self.last_logprobs: TokenLogprobs | None = None  # sampled rows, when any asked for logprobs
+        self.last_prompt_logprobs: dict[str, tuple[int, TokenLogprobs]] = {}
+
+    @torch.inference_mode()
+    def copy_blocks(self, src: list[int], dst: list[int]) -> None:
+        """Copy whole KV blocks src[i] -> dst[i] in every layer's cache (copy-on-write of a shared
+        block before its first write). src, dst: block ids, equal lengths."""
+        if not src:
+            return
+        s = torch.tensor(src, dtype=torch.int64, device=self.device)
+        d = torch.tensor(dst, dtype=torch.int64, device=self.device)
+        for cache in self.kv_caches:
+            cache[d] = cache[s]
 
     def prepare(self, scheduled: list[ScheduledRequest], kv: KVCacheManager):
         """Fill the step buffers; returns (input_ids, metadata) views for this step."""
@@ -92,6 +108,7 @@ class ModelRunner:
         input_ids, meta = self.prepare(scheduled, kv)
         self.backend.plan(meta)
         hidden = self.model(input_ids, meta, self.kv_caches, self.backend)
+        self.last_prompt_logprobs = self._score_prompts(hidden, scheduled)
         rows = [i for i, s in enumerate(scheduled) if s.samples]
         if not rows:
             return [], None
@@ -104,12 +121,34 @@ class ModelRunner:
             sampler = functools.partial(sample, apply_filters=filters)
         else:
             sampler = sample_ref
+        processed = apply_logits_processors(logits, self.logits_processors.prepare(reqs))
         tokens = sampler(
-            logits,
+            processed,
             torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32, device=dev),
             torch.tensor([r.params.top_k for r in reqs], dtype=torch.int64, device=dev),
             torch.tensor([r.params.top_p for r in reqs], dtype=torch.float32, device=dev),
             torch.tensor([r.seed & _SEED_MASK for r in reqs], dtype=torch.int64, device=dev),
             torch.tensor([r.num_tokens for r in reqs], dtype=torch.int64, device=dev),
         )
+        self.logits_processors.record(tokens)
+        k = max((r.params.logprobs for r in reqs if r.params.logprobs is not None), default=None)
+        self.last_logprobs = None if k is None else score_tokens(logits, tokens, k)
         return tokens.tolist(), logits
+
+    def _score_prompts(self, hidden: torch.Tensor, scheduled: list[ScheduledRequest]):
+        """Prompt logprobs for the rows of this step that predict a prompt token (raw logits).
+        hidden: [num_tokens, hidden_size]. Returns request id -> (first scored position, scores)."""
+        if not any(s.request.params.prompt_logprobs is not None for s in scheduled):
+            return {}
+        rows, targets, spans = prompt_rows(scheduled)
+        if not rows:
+            return {}
+        dev = self.device
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=dev)])
+        scored = score_tokens(logits, torch.tensor(targets, device=dev), max(k for *_, k in spans))
+        out, lo = {}, 0
+        for rid, first, count, _k in spans:
+            out[rid] = (first, TokenLogprobs(*(field[lo:lo + count] for field in (
+                scored.token_ids, scored.logprobs, scored.ranks, scored.top_ids, scored.top_logprobs))))
+            lo += count
+        return out
