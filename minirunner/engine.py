@@ -333,7 +333,9 @@ class LLMEngine:
 
     # -- outputs --------------------------------------------------------------------------------
     def group_finished(self, group_id: str) -> bool:
-        return all(r.is_finished for r in self.groups[group_id])
+        """Have all n completions of this request finished? (False once its output was popped.)"""
+        group = self.groups.get(group_id)
+        return group is not None and all(r.is_finished for r in group)
 
     def make_output(self, request: Request) -> RequestOutput:
         """The RequestOutput of the group ``request`` belongs to (its n completions, in index order)."""

@@ -100,10 +100,13 @@ class LLM:
         submitted = self._submit(prompts, sampling_params)
         ids = [s for s in submitted if isinstance(s, str)]
         bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
+        done: set[str] = set()
         try:
             while self.engine.has_unfinished_requests():
                 for request, _ in self.engine.step():
-                    if request.is_finished and self.engine.group_finished(request.group_id):
+                    gid = request.group_id
+                    if gid not in done and self.engine.group_finished(gid):
+                        done.add(gid)
                         bar.update(1)
         except BaseException:
             self.engine.abort_all(ids)  # leave the engine clean for the next call
@@ -128,11 +131,13 @@ class LLM:
         engine = self.engine
         try:
             while engine.has_unfinished_requests():
-                for request, new_tokens in engine.step():
+                produced = engine.step()
+                last = {request.group_id: i for i, (request, _) in enumerate(produced)}
+                for i, (request, new_tokens) in enumerate(produced):
                     gid = request.group_id
                     delta = engine.take_text_delta(request)
                     output = None
-                    if request.is_finished and engine.group_finished(gid):
+                    if last[gid] == i and engine.group_finished(gid):
                         output = engine.pop_finished(gid)
                     yield StreamChunk(gid, index[gid], new_tokens, delta, request.is_finished,
                                       request.finish_reason, output, request.index)

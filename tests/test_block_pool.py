@@ -9,6 +9,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from minirunner.kv import BlockPool, KVCacheManager
+from minirunner.kv.block_pool import chain_hash
 from minirunner.request import Request
 from minirunner.sampling_params import SamplingParams
 
@@ -116,15 +117,17 @@ def test_cached_free_blocks_are_evicted_lru():
     pool.check_invariants([[a]])
 
 
-def test_lookup_checks_the_stored_tokens_not_only_the_hash():
+def test_a_forced_digest_collision_shares_nothing():
     pool = BlockPool(num_blocks=2, block_size=2)
     (a,) = pool.allocate(1)
     h = pool.cache_block(a, None, (1, 2))
-    # A forged entry: block a listed under the hash of other tokens must not be returned for them.
-    pool.cached[hash((None, (2, 1)))] = {a: None}
+    # Force a collision: block a listed under the digest of other tokens (as if sha256 collided)
+    # must not be returned for them, since the stored (parent, tokens) key is compared too.
+    forged = chain_hash(None, (2, 1), pool.salt)
+    pool.cached[forged] = {a: None}
     assert pool.lookup(None, (1, 2)) == a
     assert pool.lookup(None, (2, 1)) is None
-    del pool.cached[hash((None, (2, 1)))]
+    del pool.cached[forged]
     assert h in pool.cached
 
 

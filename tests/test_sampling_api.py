@@ -82,7 +82,7 @@ def test_logprobs_match_transformers_log_softmax(models):
             assert abs(entry[token].logprob - row[token].item()) < 1e-4
             assert entry[token].rank == int((row > row[token]).sum()) + 1
             top = row.topk(k)
-            for rank, (tid, lp) in enumerate(zip(top.indices.tolist(), top.values.tolist()), 1):
+            for rank, (tid, lp) in enumerate(zip(top.indices.tolist(), top.values.tolist(), strict=True), 1):
                 assert abs(entry[tid].logprob - lp) < 1e-4 and entry[tid].rank == rank
             assert len(entry) in (k, k + 1)
             cumulative += row[token].item()
@@ -94,7 +94,7 @@ def test_logprobs_match_transformers_log_softmax(models):
             assert abs(plp[pos][prompt[pos]].logprob - row[prompt[pos]].item()) < 1e-4
             top = row.topk(3)
             assert all(abs(plp[pos][t].logprob - v) < 1e-4
-                       for t, v in zip(top.indices.tolist(), top.values.tolist()))
+                       for t, v in zip(top.indices.tolist(), top.values.tolist(), strict=True))
 
 
 def test_prompt_logprobs_across_prefill_chunks_and_prefix_cache(models):
