@@ -1,5 +1,5 @@
-"""BlockPool and KV manager: a hypothesis state machine drives allocate / append / share-prefix / free /
-preempt and checks the pool's invariant after every operation; every block is free at the end."""
+"""BlockPool and KV manager: a hypothesis state machine drives allocate / append / share-prefix / fork
+(copy-on-write) / free / preempt and checks the pool's invariant after every operation; every block is free at the end."""
 
 from __future__ import annotations
 
@@ -49,6 +49,12 @@ class PoolMachine(RuleBasedStateMachine):
         new = [data.draw(st.integers(0, 3)) for _ in range(extra)]
         request.output_token_ids.extend(new)
         if self.kv.allocate(request, extra):
+            # What the runner does before the step: copy each shared block the request writes into
+            # from a block still held to one only this request holds.
+            table = self.kv.table(request.request_id).blocks
+            for src, dst in self.kv.take_copies():
+                assert src != dst and self.kv.pool.ref_counts[src] >= 1
+                assert dst in table and self.kv.pool.ref_counts[dst] == 1
             request.num_computed_tokens += extra
             self.kv.cache_full_blocks(request)
         else:
@@ -68,6 +74,19 @@ class PoolMachine(RuleBasedStateMachine):
             self.live[request.request_id] = request
             for b in cached:
                 assert self.kv.pool.ref_counts[b] >= 2
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def fork(self, data):
+        """n > 1: a child takes references to every block of a live request; its first write into a
+        shared block copies it (copy-on-write)."""
+        source = data.draw(st.sampled_from(sorted(self.live.values(), key=lambda r: r.request_id)))
+        child = self._new(source.all_token_ids[:source.num_computed_tokens])
+        self.kv.fork(source, child)
+        child.num_computed_tokens = source.num_computed_tokens
+        self.live[child.request_id] = child
+        for block in self.kv.table(child.request_id).blocks:
+            assert self.kv.pool.ref_counts[block] >= 2
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
