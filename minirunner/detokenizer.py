@@ -21,7 +21,8 @@ class IncrementalDetokenizer:
     """
 
     __slots__ = ("tokenizer", "skip_special_tokens", "stop", "include_stop", "min_tokens",
-                 "token_ids", "prefix_offset", "read_offset", "output_text", "num_sent", "finished")
+                 "token_ids", "prefix_offset", "read_offset", "output_text", "num_sent", "finished",
+                 "stop_check_offset")
 
     def __init__(self, tokenizer, skip_special_tokens: bool = True, stop: list[str] = (),
                  include_stop_str_in_output: bool = False, min_tokens: int = 0):
@@ -36,6 +37,7 @@ class IncrementalDetokenizer:
         self.output_text = ""
         self.num_sent = 0  # characters of output_text already streamed
         self.finished = False
+        self.stop_check_offset = 0  # stop strings match only text after the first min_tokens tokens
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
@@ -51,8 +53,10 @@ class IncrementalDetokenizer:
         delta = new_text[len(prefix_text):]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
         self.output_text += delta
-        # vLLM checks stop strings only once min_tokens are out.
-        if self.stop and len(self.token_ids) > self.min_tokens:
+        # As vLLM: stop strings are looked for only in text that follows the first min_tokens tokens.
+        if len(self.token_ids) <= self.min_tokens:
+            self.stop_check_offset = len(self.output_text)
+        elif self.stop:
             return self._find_stop(len(delta))
         return None
 
@@ -61,7 +65,7 @@ class IncrementalDetokenizer:
         best: tuple[int, str] | None = None
         for stop in self.stop:
             # A new match must end inside the new characters.
-            start = max(0, len(text) - num_new_chars - len(stop) + 1)
+            start = max(self.stop_check_offset, len(text) - num_new_chars - len(stop) + 1)
             pos = text.find(stop, start)
             if pos >= 0 and (best is None or pos < best[0]):
                 best = (pos, stop)

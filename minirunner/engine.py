@@ -272,21 +272,21 @@ class LLMEngine:
         return produced
 
     def _check_stop(self, request: Request, token: int) -> bool:
-        """vLLM's order: nothing but the length limit ends a request before min_tokens; EOS ends it
-        with stop_reason None (its text is not added), a stop string with the string, a stop token id
-        with the id."""
+        """vLLM's rules: before min_tokens only the length limit ends a request; EOS ends it with
+        stop_reason None, a stop token id with the id (neither token's text is added unless
+        include_stop_str_in_output), a stop string with the string."""
         params = request.params
         detok = request.detok
         past_min = len(request.output_token_ids) >= params.min_tokens
         stop_string = None
-        if past_min and token in request.eos_token_ids:
-            request.finish("stop", None)
+        if past_min and (token in request.eos_token_ids or token in params.stop_token_ids):
+            if detok is not None and params.include_stop_str_in_output:
+                detok.append(token)
+            request.finish("stop", None if token in request.eos_token_ids else token)
         else:
             stop_string = detok.append(token) if detok is not None else None
             if stop_string is not None:
                 request.finish("stop", stop_string)
-            elif past_min and token in params.stop_token_ids:
-                request.finish("stop", token)
             elif request.num_tokens >= request.max_len:
                 request.finish("length")
         if request.is_finished and detok is not None:

@@ -163,6 +163,9 @@ def test_every_stop_condition_streams_exactly(metaspace_llm, how):
         assert first.finish_reason == "stop" and first.text == free.outputs[0].text[:len(first.text)]
     elif how == "stop_token":
         assert first.token_ids == ids[:ids.index(ids[5]) + 1] and first.stop_reason == ids[5]
+        # As vLLM: the stop token's own text is not in the output.
+        tok = llm.get_tokenizer()
+        assert first.text == tok.decode(first.token_ids[:-1], skip_special_tokens=True)
     elif how == "length":
         assert first.finish_reason == "length" and first.text == free.outputs[0].text
     elif how == "n=3":
