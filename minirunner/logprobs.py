@@ -115,3 +115,24 @@ def collect_step_logprobs(requests: dict, scheduled, prompt_scores: dict, sample
         row = _rows(sampled, i, i + 1, request.params.logprobs)
         request.logprobs += as_dicts(row, decode)
         request.cumulative_logprob += row.logprobs[0]
+
+
+def score_prompts(model, hidden: torch.Tensor, scheduled) -> dict[str, tuple[int, TokenLogprobs]]:
+    """Prompt logprobs for the query rows of this step that predict a prompt token (raw logits).
+
+    hidden: [num_tokens, hidden_size], the step's final hidden states (rows in scheduled order).
+    Returns request id -> (first scored prompt position, its scores).
+    """
+    if not any(s.request.params.prompt_logprobs is not None for s in scheduled):
+        return {}
+    rows, targets, spans = prompt_rows(scheduled)
+    if not rows:
+        return {}
+    dev = hidden.device
+    logits = model.compute_logits(hidden[torch.tensor(rows, device=dev)])
+    scored = score_tokens(logits, torch.tensor(targets, device=dev), max(k for *_, k in spans))
+    out, lo = {}, 0
+    for rid, first, count, _k in spans:
+        out[rid] = (first, _rows(scored, lo, lo + count, len(scored.top_ids[0])))
+        lo += count
+    return out

@@ -19,7 +19,7 @@ from minirunner.attention import AttentionMetadata
 from minirunner.attention.base import AttentionBackend
 from minirunner.kv.manager import KVCacheManager
 from minirunner.logits_processing import LogitsProcessors, apply_logits_processors
-from minirunner.logprobs import TokenLogprobs, prompt_rows, score_tokens
+from minirunner.logprobs import TokenLogprobs, score_prompts, score_tokens
 from minirunner.model.decoder import DecoderLM
 from minirunner.scheduler import ScheduledRequest
 
@@ -108,7 +108,7 @@ class ModelRunner:
         input_ids, meta = self.prepare(scheduled, kv)
         self.backend.plan(meta)
         hidden = self.model(input_ids, meta, self.kv_caches, self.backend)
-        self.last_prompt_logprobs = self._score_prompts(hidden, scheduled)
+        self.last_prompt_logprobs = score_prompts(self.model, hidden, scheduled)
         rows = [i for i, s in enumerate(scheduled) if s.samples]
         if not rows:
             return [], None
@@ -134,21 +134,3 @@ class ModelRunner:
         k = max((r.params.logprobs for r in reqs if r.params.logprobs is not None), default=None)
         self.last_logprobs = None if k is None else score_tokens(logits, tokens, k)
         return tokens.tolist(), logits
-
-    def _score_prompts(self, hidden: torch.Tensor, scheduled: list[ScheduledRequest]):
-        """Prompt logprobs for the rows of this step that predict a prompt token (raw logits).
-        hidden: [num_tokens, hidden_size]. Returns request id -> (first scored position, scores)."""
-        if not any(s.request.params.prompt_logprobs is not None for s in scheduled):
-            return {}
-        rows, targets, spans = prompt_rows(scheduled)
-        if not rows:
-            return {}
-        dev = self.device
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=dev)])
-        scored = score_tokens(logits, torch.tensor(targets, device=dev), max(k for *_, k in spans))
-        out, lo = {}, 0
-        for rid, first, count, _k in spans:
-            out[rid] = (first, TokenLogprobs(*(field[lo:lo + count] for field in (
-                scored.token_ids, scored.logprobs, scored.ranks, scored.top_ids, scored.top_logprobs))))
-            lo += count
-        return out

@@ -1,5 +1,6 @@
 """BlockPool and KV manager: a hypothesis state machine drives allocate / append / share-prefix / fork
-(copy-on-write) / free / preempt and checks the pool's invariant after every operation; every block is free at the end."""
+(copy-on-write) / free / preempt and checks the pool's invariant after every operation; every block is free
+at the end."""
 
 from __future__ import annotations
 
