@@ -5,6 +5,7 @@ min_tokens, min_p and logit_bias do what they say; per-request values work batch
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from tiny_models import make_tiny_model
 
 from minirunner import LLM, SamplingParams
+from minirunner.logits_processing import LogitsBatch, apply_logits_processors
 
 PROMPTS = [[5, 17, 33, 8, 61], [40, 9, 11, 3, 3, 3, 70, 22, 5, 6, 7, 81, 12], [90, 4]]
 
@@ -181,3 +183,28 @@ def test_unknown_token_ids_are_refused_at_admission(models):
     with pytest.raises(ValueError, match="tokenizer"):  # this directory has none
         llm.engine.add_request([5, 6], SamplingParams(stop=["x"]))
     assert not llm.engine.requests
+
+
+def test_logits_processors_trace_as_one_graph():
+    """No host sync and no data-dependent shape: dynamo traces the whole function without a break
+    (what a captured step needs), and the traced version computes the same logits."""
+    g = torch.Generator().manual_seed(0)
+    n, vocab = 3, 50
+    logits = torch.randn(n, vocab, generator=g)
+    counts = torch.randint(0, 3, (n, vocab), generator=g, dtype=torch.int32)
+    batch = LogitsBatch(
+        bias=torch.zeros(n, vocab).index_fill_(1, torch.tensor([4]), float("-inf")),
+        counts=counts, prompt_mask=torch.rand(n, vocab, generator=g) < 0.2,
+        repetition=torch.tensor([1.0, 1.3, 0.7]), frequency=torch.tensor([0.0, 0.5, -0.5]),
+        presence=torch.tensor([0.2, 0.0, 1.0]), min_p=torch.tensor([0.0, 0.1, 0.5]),
+        temperature=torch.tensor([1.0, 0.0, 0.7]))
+    torch._dynamo.reset()
+    traced = torch.compile(apply_logits_processors, backend="eager", fullgraph=True)
+    torch.testing.assert_close(traced(logits, batch), apply_logits_processors(logits, batch))
+    out = apply_logits_processors(logits, batch)
+    assert torch.isinf(out[:, 4]).all()
+    # min_p 0.5 at temperature 0.7 keeps exactly the tokens with p_T >= 0.5 * max p_T.
+    before = apply_logits_processors(logits, dataclasses.replace(batch, min_p=None, temperature=None))
+    p = torch.softmax(before[2] / 0.7, dim=-1)
+    assert torch.equal(~torch.isinf(out[2]), p >= 0.5 * p.max())
+    assert torch.equal(out[1], before[1]), "greedy rows are left to argmax"
