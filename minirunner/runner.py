@@ -26,6 +26,8 @@ from minirunner.attention import AttentionMetadata
 from minirunner.attention.base import AttentionBackend
 from minirunner.kv.block_table import BlockTable
 from minirunner.kv.manager import KVCacheManager
+from minirunner.logits_processing import LogitsProcessors, apply_logits_processors
+from minirunner.logprobs import TokenLogprobs, score_prompts, score_tokens
 from minirunner.model.decoder import DecoderLM
 from minirunner.request import Request
 from minirunner.scheduler import ScheduledRequest
@@ -39,7 +41,8 @@ class StepInputs:
 
     input_ids: int64 [num_tokens]; logits_indices: int64 [num_sampling] (the flat rows whose logits are
     computed: the last query row of every request that samples); sample_rows: the sampling requests'
-    state rows (host); sample_positions: int64 [num_sampling] (position of the token being sampled).
+    state rows (host); sample_positions: int64 [num_sampling] (position of the token being sampled);
+    sample_requests: those requests, in order.
     """
 
     input_ids: torch.Tensor
@@ -47,6 +50,7 @@ class StepInputs:
     logits_indices: torch.Tensor
     sample_rows: np.ndarray
     sample_positions: torch.Tensor
+    sample_requests: list[Request]
 
 
 class _StateRows:
@@ -59,6 +63,7 @@ class _StateRows:
     def __init__(self, capacity: int, max_blocks: int):
         self.block_tables = np.zeros((capacity, max_blocks), dtype=np.int32)
         self.num_written = np.zeros(capacity, dtype=np.int64)
+        self.version = np.zeros(capacity, dtype=np.int64)
         self.temperature = np.zeros(capacity, dtype=np.float32)
         self.top_k = np.zeros(capacity, dtype=np.int64)
         self.top_p = np.ones(capacity, dtype=np.float32)
@@ -69,7 +74,7 @@ class _StateRows:
 
     def _grow(self) -> None:
         cap = len(self.table_of)
-        for name in ("block_tables", "num_written", "temperature", "top_k", "top_p", "seed"):
+        for name in ("block_tables", "num_written", "version", "temperature", "top_k", "top_p", "seed"):
             old = getattr(self, name)
             new = np.zeros((2 * cap, *old.shape[1:]), dtype=old.dtype)
             new[:cap] = old
@@ -91,8 +96,9 @@ class _StateRows:
             self.top_p[row] = p.top_p
             self.seed[row] = request.seed & _SEED_MASK
             self.table_of[row] = None
-        if self.table_of[row] is not table:  # new, or re-allocated after a preemption
-            self.table_of[row], self.num_written[row] = table, 0
+        if self.table_of[row] is not table or self.version[row] != table.version:
+            # new, re-allocated after a preemption, or an entry replaced (copy-on-write): rewrite
+            self.table_of[row], self.num_written[row], self.version[row] = table, 0, table.version
         done, blocks = self.num_written[row], table.blocks
         if len(blocks) > done:
             self.block_tables[row, done:len(blocks)] = blocks[done:]
@@ -119,7 +125,7 @@ class ModelRunner:
                           for _ in range(cfg.num_layers)]
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         T, S = max_num_batched_tokens, max_num_seqs
-        self._staging: dict[int, torch.Tensor] = {}
+        self._host: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
         self.state = _StateRows(2 * S, self.max_blocks_per_seq)
         self.input_ids = self._buffer(T, torch.int64)
         self.positions = self._buffer(T, torch.int64)
@@ -129,25 +135,40 @@ class ModelRunner:
         self.block_tables = self._buffer((S, self.max_blocks_per_seq), torch.int32)
         self.logits_indices = self._buffer(S, torch.int64)
         self.sample_positions = self._buffer(S, torch.int64)
+        self.logits_processors = LogitsProcessors(cfg.vocab_size, self.device)
+        self.last_logprobs: TokenLogprobs | None = None  # sampled rows, when any asked for logprobs
+        self.last_prompt_logprobs: dict[str, tuple[int, TokenLogprobs]] = {}
+
+    @torch.inference_mode()
+    def copy_blocks(self, src: list[int], dst: list[int]) -> None:
+        """Copy whole KV blocks src[i] -> dst[i] in every layer's cache (copy-on-write of a shared
+        block before its first write). src, dst: block ids, equal lengths."""
+        if not src:
+            return
+        s = torch.tensor(src, dtype=torch.int64, device=self.device)
+        d = torch.tensor(dst, dtype=torch.int64, device=self.device)
+        for cache in self.kv_caches:
+            cache[d] = cache[s]
 
     # -- buffers --------------------------------------------------------------------------------
     def _buffer(self, shape, dtype, fill: int = 0) -> torch.Tensor:
         buf = torch.full(shape if isinstance(shape, tuple) else (shape,), fill, dtype=dtype,
                          device=self.device)
-        if buf.device.type == "cuda":  # a pinned host mirror, so copies do not block the host
-            self._staging[buf.data_ptr()] = torch.empty_like(buf, device="cpu").pin_memory()
+        # The host side of the buffer: a pinned mirror on CUDA (copies then do not block the host), the
+        # buffer itself on a CPU (no copy at all).
+        host = torch.empty_like(buf, device="cpu").pin_memory() if buf.device.type == "cuda" else buf
+        self._host[buf.data_ptr()] = (host, host.numpy())
         return buf
 
     def _put(self, buf: torch.Tensor, arr: np.ndarray) -> torch.Tensor:
-        """Copy a host array into the front of a static buffer; returns the view."""
+        """Write a host array into the front of a static buffer; returns the view."""
         index = tuple(slice(0, n) for n in arr.shape)
+        host, host_np = self._host[buf.data_ptr()]
+        host_np[index] = arr
+        if host is buf:
+            return buf[index]
         view = buf[index]
-        if buf.device.type == "cuda":
-            host = self._staging[buf.data_ptr()][index]
-            host.numpy()[...] = arr
-            view.copy_(host, non_blocking=True)
-        else:
-            view.numpy()[...] = arr
+        view.copy_(host[index], non_blocking=True)
         return view
 
     def free_request(self, request_id: str) -> None:
@@ -201,6 +222,7 @@ class ModelRunner:
             logits_indices=self._put(self.logits_indices, (qsl[1:][samples] - 1).astype(np.int64)),
             sample_rows=rows[samples],
             sample_positions=self._put(self.sample_positions, seq_lens[samples].astype(np.int64)),
+            sample_requests=[s.request for s, flag in zip(scheduled, samples, strict=True) if flag],
         )
 
     def run_model(self, inputs: StepInputs) -> torch.Tensor:
@@ -214,8 +236,10 @@ class ModelRunner:
         return self.model.compute_logits(hidden[inputs.logits_indices])
 
     def sample(self, logits: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
-        """One token per sampling request: int64 [num_sampling]. An all-greedy batch is one argmax; the
-        top-k/top-p sort runs only when some request in the batch asks for it."""
+        """One token per sampling request: int64 [num_sampling]. Logit bias, min_tokens, penalties and
+        min_p apply first (only when some request asks for them); an all-greedy batch is then one argmax,
+        and the top-k/top-p sort runs only when some request in the batch asks for it."""
+        logits = apply_logits_processors(logits, self.logits_processors.prepare(inputs.sample_requests))
         state, rows = self.state, inputs.sample_rows
         temps = state.temperature[rows]
         if not temps.any():
@@ -237,10 +261,16 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest], kv: KVCacheManager):
         """Run one step. Returns (token ids sampled for the requests whose step ``samples``, in order,
-        their fp32 logits [n, vocab] or None)."""
+        their fp32 logits [n, vocab] (raw: before penalties, bias and temperature) or None)."""
         inputs = self.prepare_inputs(scheduled, kv)
         hidden = self.run_model(inputs)
+        self.last_prompt_logprobs = score_prompts(self.model, hidden, scheduled)
         if not len(inputs.sample_rows):
             return [], None
         logits = self.compute_logits(hidden, inputs)
-        return self.postprocess(self.sample(logits, inputs)), logits
+        tokens = self.sample(logits, inputs)
+        self.logits_processors.record(tokens)
+        k = max((r.params.logprobs for r in inputs.sample_requests if r.params.logprobs is not None),
+                default=None)
+        self.last_logprobs = None if k is None else score_tokens(logits, tokens, k)
+        return self.postprocess(tokens), logits

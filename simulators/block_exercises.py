@@ -37,9 +37,11 @@ def simulate_block_tables(prompt_lens: list[int], max_tokens: list[int], block_s
     """Every request arrives at step 0. Per step: running requests, oldest first, get the blocks
     for their tokens so far; when the pool is dry the newest running request is preempted (blocks
     freed, back to the head of the queue); then, if nobody was preempted, waiting requests are
-    admitted first come first served while their tokens fit. Each scheduled request then gains a
-    token; one that has max_tokens finishes and frees its blocks (last block first) to the back
-    of the free list. Prompts are assumed to fit one step's token budget (no chunked prefill)."""
+    admitted first come first served while their tokens fit with one block of headroom left per
+    running request (admitting into the last free blocks would only force a preemption soon).
+    Each scheduled request then gains a token; one that has max_tokens finishes and frees its
+    blocks (last block first) to the back of the free list. Prompts are assumed to fit one step's
+    token budget (no chunked prefill)."""
     if len(prompt_lens) != len(max_tokens):
         raise ValueError("give one max_tokens per prompt")
     if any(p < 1 for p in prompt_lens) or any(m < 1 for m in max_tokens):
@@ -53,10 +55,10 @@ def simulate_block_tables(prompt_lens: list[int], max_tokens: list[int], block_s
     running: list[int] = []
     steps: list[BlockStep] = []
 
-    def grow(rid: int) -> bool:
+    def grow(rid: int, headroom: int = 0) -> bool:
         table = tables.setdefault(rid, [])
         need = _blocks(prompt_lens[rid] + generated[rid], block_size) - len(table)
-        if need > len(free):
+        if need + headroom > len(free):
             return False
         table.extend(free.popitem(last=False)[0] for _ in range(need))
         return True
@@ -84,7 +86,7 @@ def simulate_block_tables(prompt_lens: list[int], max_tokens: list[int], block_s
             break
         while waiting and not preempted and len(running) < max_num_seqs:
             rid = waiting[0]
-            if not grow(rid):
+            if not grow(rid, headroom=len(running)):
                 if not tables[rid]:
                     del tables[rid]
                 break

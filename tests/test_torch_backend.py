@@ -88,3 +88,26 @@ def test_bf16_close_to_fp32_ref():
     got = backend.forward(q.bfloat16(), k.bfloat16(), v.bfloat16(), _with_null_block(b.kv_cache).bfloat16(),
                           meta)
     torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_length_groups_match_ref(split):
+    """A large decode batch of very different lengths (split into length groups, each padded to its own
+    longest) and the same batch with padding rows mixed in."""
+    g = torch.Generator().manual_seed(5)
+    seq_lens = [int(x) for x in torch.randint(1, 200, (40,), generator=g)] + [1000] * 4
+    seq_lens[3] = seq_lens[17] = 0
+    query_lens = [1] * len(seq_lens)
+    b = random_paged_batch(seq_lens, [1 if s else 0 for s in seq_lens], 8, 2, 16, 16, seed=2)
+    meta = make_meta(seq_lens, query_lens, b.block_tables, 16)
+    q = torch.randn(meta.num_tokens, 8, 16, generator=g)
+    k, v = torch.randn(meta.num_tokens, 2, 16, generator=g), torch.randn(meta.num_tokens, 2, 16, generator=g)
+    want_cache = b.kv_cache.clone()
+    store_kv_ref(k, v, want_cache, meta.slot_mapping)
+    want = paged_decode_ref(q, want_cache, meta.block_tables, meta.seq_lens, 0.25)
+    backend = _backend(8, 2, 16, 16)
+    backend.split_decode_by_length = split
+    backend.plan(meta)
+    assert (len(backend._decode) > 1) == split
+    got = backend.forward(q, k, v, _with_null_block(b.kv_cache), meta)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

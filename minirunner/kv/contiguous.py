@@ -103,9 +103,11 @@ class ContiguousKVManager:
     def find_cached_prefix(self, request: Request) -> list[int]:
         return []
 
-    def allocate(self, request: Request, num_new_tokens: int, cached_blocks: list[int] = ()) -> bool:
+    def allocate(self, request: Request, num_new_tokens: int, cached_blocks: list[int] = (),
+                 headroom: int = 0) -> bool:
         """Reserve the request's whole run on its first call; later calls need nothing new. Returns False,
-        changing nothing, when no free run is long enough."""
+        changing nothing, when no free run is long enough. (A reservation never grows, so running
+        requests need no headroom: it is ignored.)"""
         if request.request_id in self.tables:
             return True
         n = self.reservation_blocks(request.max_len)
@@ -119,6 +121,20 @@ class ContiguousKVManager:
 
     def cache_full_blocks(self, request: Request, num_tokens: int | None = None) -> None:
         """No prefix cache in a contiguous layout."""
+
+    # A reservation is private: no prefix cache to roll back, no shared block to copy on write.
+    def begin_step(self) -> None:
+        pass
+
+    def drop_step_cache(self) -> None:
+        pass
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        return []
+
+    def fork(self, parent: Request, child: Request) -> None:
+        raise ValueError("n > 1 shares the prompt's blocks, which a contiguous reservation cannot: use "
+                         "kv_layout='paged'")
 
     def free(self, request: Request) -> None:
         table = self.tables.pop(request.request_id, None)
