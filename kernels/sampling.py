@@ -70,17 +70,23 @@ def sample_ref(
     top_p: torch.Tensor,
     seeds: torch.Tensor,
     positions: torch.Tensor,
+    *,
+    apply_filters: bool | None = None,
 ) -> torch.Tensor:
     """Sample one token per row.
 
     logits: [num_rows, vocab] (any float dtype); temperatures: fp32 [num_rows] (0 = greedy);
     top_k: int64 [num_rows]; top_p: fp32 [num_rows]; seeds, positions: int64 [num_rows] (position
-    of the token being sampled). Returns int64 [num_rows].
+    of the token being sampled). apply_filters (keyword): False skips the top-k/top-p sort (the caller
+    knows no row asks for it); True or None (the default) applies it (a no-op for rows with the
+    filters off). Returns int64 [num_rows].
     """
     logits = logits.float()
     greedy = temperatures <= 0
     safe_t = torch.where(greedy, torch.ones_like(temperatures), temperatures)
-    scaled = apply_top_k_top_p(logits / safe_t[:, None], top_k, top_p)
+    scaled = logits / safe_t[:, None]
+    if apply_filters is not False:
+        scaled = apply_top_k_top_p(scaled, top_k, top_p)
     gumbel = -torch.log(-torch.log(uniform_noise(seeds, positions, logits.shape[-1])))
     sampled = (scaled + gumbel).argmax(dim=-1)
     return torch.where(greedy, logits.argmax(dim=-1), sampled)

@@ -1,5 +1,8 @@
-"""Command line: ``python -m minirunner generate [--model DIR] "prompt" ...`` (also the ``minirunner``
-console script). Prints each continuation, then a one-line throughput summary."""
+"""Command line (also the ``minirunner`` console script):
+
+  python -m minirunner generate [--model DIR] "prompt" ...   continue prompts, print a throughput line
+  python -m minirunner bench [--workload nano] [--compare transformers] ...   benchmark a workload
+"""
 
 from __future__ import annotations
 
@@ -11,42 +14,96 @@ from minirunner.llm import LLM
 from minirunner.sampling_params import SamplingParams
 
 
+def _engine_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None,
+                   help="Hugging Face checkpoint directory (default: the embedded Shakespeare model)")
+    p.add_argument("--dtype", default="auto", help="auto = float32 on CPU, the checkpoint's on GPU")
+    p.add_argument("--device", default="auto", help="auto = cuda if available, else cpu")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--num-kv-blocks", type=int, default=None,
+                   help="KV blocks in the pool (default: from the memory budget)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest sequence (default: the model's max_position_embeddings)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one step")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="most tokens in one step")
+    p.add_argument("--enable-prefix-caching", action="store_true", help="share KV of common prefixes")
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton", "flashinfer"],
+                   help="auto = flashinfer, else triton on CUDA; torch on CPU")
+    p.add_argument("--num-threads", default="auto",
+                   help="CPU threads for torch: auto = 1 for a model under 100M parameters, else torch's "
+                        "default; or a number")
+
+
+def _llm_kwargs(args) -> dict:
+    return dict(model=args.model, dtype=args.dtype, device=args.device, block_size=args.block_size,
+                num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len,
+                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                enable_prefix_caching=args.enable_prefix_caching, attention_backend=args.attention_backend,
+                num_threads=args.num_threads if args.num_threads == "auto" else _int(args.num_threads))
+
+
+def _int(text: str) -> int | str:
+    try:
+        return int(text)
+    except ValueError:
+        return text  # LLM refuses it with a message saying what is allowed
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="minirunner", description=__doc__)
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    parser = argparse.ArgumentParser(prog="minirunner", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="continue one or more prompts")
+    gen = sub.add_parser("generate", formatter_class=fmt,
+                         help="continue one or more prompts (greedy unless --temperature > 0)",
+                         description="Continue prompts with the model; decoding is greedy by default "
+                                     "(--temperature 0).")
     gen.add_argument("prompts", nargs="+", help="prompt text (several prompts run as one batch)")
-    gen.add_argument("--model", default=None,
-                     help="Hugging Face checkpoint directory (default: the embedded model)")
-    gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=-1)
-    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per prompt")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    gen.add_argument("--top-k", type=int, default=-1, help="sample among the k most likely (-1 = off)")
+    gen.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
     gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    gen.add_argument("--ignore-eos", action="store_true")
-    gen.add_argument("--dtype", default="auto")
-    gen.add_argument("--device", default="auto")
-    gen.add_argument("--block-size", type=int, default=16)
-    gen.add_argument("--num-kv-blocks", type=int, default=None)
-    gen.add_argument("--max-model-len", type=int, default=None)
-    gen.add_argument("--enable-prefix-caching", action="store_true")
-    gen.add_argument("--attention-backend", default="auto",
-                     choices=["auto", "torch", "triton", "flashinfer"])
+    gen.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
+    _engine_options(gen)
+
+    from minirunner.bench import COMPARE, WORKLOADS
+
+    bench = sub.add_parser(
+        "bench", formatter_class=fmt, help="benchmark a seeded workload (optionally side by side)",
+        description="Run a seeded workload (greedy, EOS ignored) and print throughput, TTFT and time per "
+                    "output token (p50/p99), peak concurrent sequences, KV utilisation, preemptions and "
+                    "prefix-cache hits. --compare runs transformers generate (on a CPU with one thread and "
+                    "with torch's default, keeping the faster) or a contiguous KV layout on the same "
+                    "prompts in the same run.")
+    bench.add_argument("--workload", default="nano", choices=WORKLOADS,
+                       help="nano: uniform lengths (nano-vllm's bench); sharegpt / alpaca: the vLLM "
+                            "paper's length means scaled to max_model_len; fixed: --input-len/--output-len")
+    bench.add_argument("--num-requests", type=int, default=64)
+    bench.add_argument("--input-len", type=int, nargs=2, default=[8, 96], metavar=("MIN", "MAX"),
+                       help="prompt length range (nano) or the fixed length (fixed: MIN)")
+    bench.add_argument("--output-len", type=int, nargs=2, default=[16, 160], metavar=("MIN", "MAX"),
+                       help="output length range (nano) or the fixed length (fixed: MIN)")
+    bench.add_argument("--seed", type=int, default=0, help="seeds lengths and token ids")
+    bench.add_argument("--compare", action="append", default=[], choices=COMPARE,
+                       help="also run this baseline on the same prompts (repeatable)")
+    bench.add_argument("--hf-batch-size", type=int, default=16,
+                       help="static batch size of the transformers baseline")
+    bench.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="KV budget in bytes")
+    bench.add_argument("--json", default=None, help="write the report as JSON here")
+    bench.add_argument("--plot", default=None, help="write throughput / KV utilisation over time (PNG)")
+    bench.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _engine_options(bench)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _generate(args) -> int:
     try:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 max_tokens=args.max_tokens, seed=args.seed, stop=args.stop,
                                 ignore_eos=args.ignore_eos)
-        llm = LLM(model=args.model, dtype=args.dtype, device=args.device,
-                  block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
-                  max_model_len=args.max_model_len,
-                  enable_prefix_caching=args.enable_prefix_caching,
-                  attention_backend=args.attention_backend)
+        llm = LLM(**_llm_kwargs(args))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -68,6 +125,31 @@ def main(argv: list[str] | None = None) -> int:
           f"{elapsed:.2f} s: {n_out / max(elapsed, 1e-9):.1f} tok/s; device "
           f"{llm.engine.config.device}, {llm.engine.config.dtype}, backend {backend}]")
     return 1 if failed else 0
+
+
+def _bench(args) -> int:
+    from minirunner.bench import format_table, plot_report, run_bench, write_json
+
+    try:
+        report = run_bench(workload=args.workload, num_requests=args.num_requests,
+                           input_len=tuple(args.input_len), output_len=tuple(args.output_len),
+                           seed=args.seed, compare=args.compare, hf_batch_size=args.hf_batch_size,
+                           use_tqdm=not args.no_progress, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+                           **_llm_kwargs(args))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_table(report))
+    if args.json:
+        write_json(report, args.json)
+    if args.plot:
+        plot_report(report, args.plot)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return _generate(args) if args.command == "generate" else _bench(args)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ SUPPORTED_ARCHITECTURES = {
 }
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
+KV_LAYOUTS = ("paged", "contiguous", "contiguous_exact")
+
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
            "float16": torch.float16, "half": torch.float16}
 
@@ -123,6 +125,16 @@ class ModelConfig:
             config_dtype=cfg.get("dtype") or cfg.get("torch_dtype"),
         )
 
+    @property
+    def num_parameters(self) -> int:
+        """Weights of the forward pass (embedding, layers, untied lm_head), from the shapes alone."""
+        h, q, kv = self.hidden_size, self.num_q_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        per_layer = h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size + 2 * h
+        per_layer += (q + 2 * kv) if self.attention_bias else 0
+        per_layer += 2 * self.head_dim if self.qk_norm else 0
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.vocab_size * h + self.num_layers * per_layer + h + head
+
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
         elem = torch.tensor([], dtype=dtype).element_size()
@@ -147,8 +159,20 @@ class EngineConfig:
     max_model_len: int | None = None
     attention_backend: str = "auto"
     seed: int = 0
+    kv_layout: str = "paged"  # "paged" | "contiguous" (reserve max_model_len) | "contiguous_exact"
+    trace_block_tables: bool = False
+    num_threads: int | str | None = "auto"  # CPU only: torch threads ("auto": see LLMEngine)
 
     def validate(self, model_config: ModelConfig) -> None:
+        if not (self.num_threads in (None, "auto") or (isinstance(self.num_threads, int)
+                                                        and self.num_threads >= 1)):
+            raise ValueError(f"num_threads must be 'auto', None (leave torch's setting) or an integer "
+                             f">= 1, got {self.num_threads!r}")
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout must be one of {list(KV_LAYOUTS)}, got {self.kv_layout!r}")
+        if self.kv_layout != "paged" and self.enable_prefix_caching:
+            raise ValueError("prefix caching shares blocks between requests, which a contiguous "
+                             "reservation cannot: use kv_layout='paged' or enable_prefix_caching=False")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.max_num_seqs < 1:

@@ -51,7 +51,8 @@ class LLM:
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = False,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, attention_backend: str = "auto",
-                 seed: int = 0):
+                 seed: int = 0, kv_layout: str = "paged", trace_block_tables: bool = False,
+                 num_threads: int | str | None = "auto"):
         if model is None:
             model = default_model_dir()
             if not (Path(model) / "config.json").is_file():
@@ -66,7 +67,8 @@ class LLM:
             gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-            attention_backend=attention_backend, seed=seed)
+            attention_backend=attention_backend, seed=seed, kv_layout=kv_layout,
+            trace_block_tables=trace_block_tables, num_threads=num_threads)
         self.engine = LLMEngine(config, model_config)
 
     def get_tokenizer(self):
@@ -100,10 +102,13 @@ class LLM:
         submitted = self._submit(prompts, sampling_params)
         ids = [s for s in submitted if isinstance(s, str)]
         bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
+        done: set[str] = set()
         try:
             while self.engine.has_unfinished_requests():
                 for request, _ in self.engine.step():
-                    if request.is_finished:
+                    gid = request.group_id
+                    if gid not in done and self.engine.group_finished(gid):
+                        done.add(gid)
                         bar.update(1)
         except BaseException:
             self.engine.abort_all(ids)  # leave the engine clean for the next call
@@ -115,29 +120,31 @@ class LLM:
     def stream(self, prompts: Prompt | list[Prompt],
                sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                ) -> Iterator[StreamChunk]:
-        """Yield each request's new tokens as the engine produces them (one chunk per request per
-        step); a request's last chunk has ``finished=True`` and carries its RequestOutput."""
+        """Yield each completion's new tokens and text as the engine produces them (one chunk per
+        completion per step). Text is held back while it may still become a stop string or is an
+        incomplete character, so a completion's chunks concatenate to exactly its final text. A
+        completion's last chunk has ``finished=True``; the chunk that finishes a prompt's last
+        completion carries the RequestOutput."""
         submitted = self._submit(prompts, sampling_params)
         index = {s: i for i, s in enumerate(submitted) if isinstance(s, str)}
         for i, s in enumerate(submitted):
             if not isinstance(s, str):
                 yield StreamChunk(s.request_id, i, [], "", True, "error", s)
-        sent_text = {rid: "" for rid in index}
+        engine = self.engine
         try:
-            while self.engine.has_unfinished_requests():
-                for request, new_tokens in self.engine.step():
-                    rid = request.request_id
-                    text = self.engine.decode(request.output_token_ids)
-                    if request.is_finished:
-                        output = self.engine.pop_finished(rid)
-                        text = output.outputs[0].text
-                    delta = text[len(sent_text[rid]):] if text.startswith(sent_text[rid]) else ""
-                    sent_text[rid] = text
-                    yield StreamChunk(rid, index[rid], new_tokens, delta, request.is_finished,
-                                      request.finish_reason,
-                                      output if request.is_finished else None)
+            while engine.has_unfinished_requests():
+                produced = engine.step()
+                last = {request.group_id: i for i, (request, _) in enumerate(produced)}
+                for i, (request, new_tokens) in enumerate(produced):
+                    gid = request.group_id
+                    delta = engine.take_text_delta(request)
+                    output = None
+                    if last[gid] == i and engine.group_finished(gid):
+                        output = engine.pop_finished(gid)
+                    yield StreamChunk(gid, index[gid], new_tokens, delta, request.is_finished,
+                                      request.finish_reason, output, request.index)
         finally:  # a consumer that stops early (or an error) aborts what is left
-            left = [rid for rid in index if rid in self.engine.requests]
+            left = [rid for rid in index if rid in self.engine.groups]
             if left:
                 self.engine.abort_all(left)
 

@@ -1,14 +1,21 @@
 """ModelRunner: turns one scheduled step into tensors, runs the model over the paged KV cache, samples.
 
-Owns the KV cache tensors, the preallocated per-step input buffers (input_ids, positions, slot_mapping,
-query_start_loc, seq_lens, block_tables) and the model. It never decides what to schedule. Buffers are
-allocated once at their maximum size and every step writes into them, so a later CUDA-graph capture can
-reuse the same storage.
+One step is five stages, each a method a notebook can call and inspect:
+``prepare_inputs → run_model → compute_logits → sample → postprocess``.
+
+Owns the KV cache tensors, the static per-step buffers (input_ids, positions, slot_mapping,
+query_start_loc, seq_lens, block_tables), and persistent per-request state rows (block-table row,
+sampling parameters): a step writes only what changed (new block ids) and gathers the batch's rows.
+Buffers are allocated once at their maximum size and every step writes into them, so a later CUDA-graph
+capture can reuse the same storage. It never decides what to schedule.
+
+The KV tensors hold one block more than the pool hands out: the null block (the last one), where padding
+rows (slot -1) may write.
 """
 
 from __future__ import annotations
 
-import functools
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -17,11 +24,92 @@ from kernels._triton import HAS_TRITON
 from kernels.sampling import sample, sample_ref
 from minirunner.attention import AttentionMetadata
 from minirunner.attention.base import AttentionBackend
+from minirunner.kv.block_table import BlockTable
 from minirunner.kv.manager import KVCacheManager
+from minirunner.logits_processing import LogitsProcessors, apply_logits_processors
+from minirunner.logprobs import TokenLogprobs, score_prompts, score_tokens
 from minirunner.model.decoder import DecoderLM
+from minirunner.request import Request
 from minirunner.scheduler import ScheduledRequest
 
 _SEED_MASK = (1 << 63) - 1
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """What ``prepare_inputs`` hands the later stages: views of the static buffers for this step.
+
+    input_ids: int64 [num_tokens]; logits_indices: int64 [num_sampling] (the flat rows whose logits are
+    computed: the last query row of every request that samples); sample_rows: the sampling requests'
+    state rows (host); sample_positions: int64 [num_sampling] (position of the token being sampled);
+    sample_requests: those requests, in order.
+    """
+
+    input_ids: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+    sample_rows: np.ndarray
+    sample_positions: torch.Tensor
+    sample_requests: list[Request]
+
+
+class _StateRows:
+    """Persistent per-request rows (MRv2's request state): the block-table row and sampling parameters.
+
+    A request keeps its row while it runs; the row's block ids are appended as its table grows, and
+    rewritten only when the table was replaced (after a preemption).
+    """
+
+    def __init__(self, capacity: int, max_blocks: int):
+        self.block_tables = np.zeros((capacity, max_blocks), dtype=np.int32)
+        self.num_written = np.zeros(capacity, dtype=np.int64)
+        self.version = np.zeros(capacity, dtype=np.int64)
+        self.temperature = np.zeros(capacity, dtype=np.float32)
+        self.top_k = np.zeros(capacity, dtype=np.int64)
+        self.top_p = np.ones(capacity, dtype=np.float32)
+        self.seed = np.zeros(capacity, dtype=np.int64)
+        self.table_of: list[BlockTable | None] = [None] * capacity
+        self.row_of: dict[str, int] = {}
+        self.free = list(range(capacity - 1, -1, -1))
+
+    def _grow(self) -> None:
+        cap = len(self.table_of)
+        for name in ("block_tables", "num_written", "version", "temperature", "top_k", "top_p", "seed"):
+            old = getattr(self, name)
+            new = np.zeros((2 * cap, *old.shape[1:]), dtype=old.dtype)
+            new[:cap] = old
+            setattr(self, name, new)
+        self.table_of += [None] * cap
+        self.free = list(range(2 * cap - 1, cap - 1, -1)) + self.free
+
+    def sync(self, request: Request, table: BlockTable) -> int:
+        """The request's row, with its block ids up to date (only new ids are written)."""
+        row = self.row_of.get(request.request_id)
+        if row is None:
+            if not self.free:
+                self._grow()
+            row = self.free.pop()
+            self.row_of[request.request_id] = row
+            p = request.params
+            self.temperature[row] = p.temperature
+            self.top_k[row] = p.top_k
+            self.top_p[row] = p.top_p
+            self.seed[row] = request.seed & _SEED_MASK
+            self.table_of[row] = None
+        if self.table_of[row] is not table or self.version[row] != table.version:
+            # new, re-allocated after a preemption, or an entry replaced (copy-on-write): rewrite
+            self.table_of[row], self.num_written[row], self.version[row] = table, 0, table.version
+        done, blocks = self.num_written[row], table.blocks
+        if len(blocks) > done:
+            self.block_tables[row, done:len(blocks)] = blocks[done:]
+            self.num_written[row] = len(blocks)
+        return row
+
+    def release(self, request_id: str) -> None:
+        row = self.row_of.pop(request_id, None)
+        if row is not None:
+            self.table_of[row] = None
+            self.free.append(row)
 
 
 class ModelRunner:
@@ -32,84 +120,157 @@ class ModelRunner:
         self.model, self.backend = model, backend
         self.device, self.dtype = backend.device, backend.dtype
         self.block_size = block_size
-        shape = (num_blocks, 2, block_size, cfg.num_kv_heads, cfg.head_dim)
+        shape = (num_blocks + 1, 2, block_size, cfg.num_kv_heads, cfg.head_dim)  # + the null block
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
                           for _ in range(cfg.num_layers)]
         self.max_blocks_per_seq = -(-max_model_len // block_size)
-        dev, T, S = self.device, max_num_batched_tokens, max_num_seqs
-        self.input_ids = torch.zeros(T, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(T, dtype=torch.int64, device=dev)
-        self.slot_mapping = torch.full((T,), -1, dtype=torch.int64, device=dev)
-        self.query_start_loc = torch.zeros(S + 1, dtype=torch.int32, device=dev)
-        self.seq_lens = torch.zeros(S, dtype=torch.int32, device=dev)
-        self.block_tables = torch.zeros(S, self.max_blocks_per_seq, dtype=torch.int32, device=dev)
+        T, S = max_num_batched_tokens, max_num_seqs
+        self._host: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
+        self.state = _StateRows(2 * S, self.max_blocks_per_seq)
+        self.input_ids = self._buffer(T, torch.int64)
+        self.positions = self._buffer(T, torch.int64)
+        self.slot_mapping = self._buffer(T, torch.int64, fill=-1)
+        self.query_start_loc = self._buffer(S + 1, torch.int32)
+        self.seq_lens = self._buffer(S, torch.int32)
+        self.block_tables = self._buffer((S, self.max_blocks_per_seq), torch.int32)
+        self.logits_indices = self._buffer(S, torch.int64)
+        self.sample_positions = self._buffer(S, torch.int64)
+        self.logits_processors = LogitsProcessors(cfg.vocab_size, self.device)
+        self.last_logprobs: TokenLogprobs | None = None  # sampled rows, when any asked for logprobs
+        self.last_prompt_logprobs: dict[str, tuple[int, TokenLogprobs]] = {}
 
-    def prepare(self, scheduled: list[ScheduledRequest], kv: KVCacheManager):
-        """Fill the step buffers; returns (input_ids, metadata) views for this step."""
+    @torch.inference_mode()
+    def copy_blocks(self, src: list[int], dst: list[int]) -> None:
+        """Copy whole KV blocks src[i] -> dst[i] in every layer's cache (copy-on-write of a shared
+        block before its first write). src, dst: block ids, equal lengths."""
+        if not src:
+            return
+        s = torch.tensor(src, dtype=torch.int64, device=self.device)
+        d = torch.tensor(dst, dtype=torch.int64, device=self.device)
+        for cache in self.kv_caches:
+            cache[d] = cache[s]
+
+    # -- buffers --------------------------------------------------------------------------------
+    def _buffer(self, shape, dtype, fill: int = 0) -> torch.Tensor:
+        buf = torch.full(shape if isinstance(shape, tuple) else (shape,), fill, dtype=dtype,
+                         device=self.device)
+        # The host side of the buffer: a pinned mirror on CUDA (copies then do not block the host), the
+        # buffer itself on a CPU (no copy at all).
+        host = torch.empty_like(buf, device="cpu").pin_memory() if buf.device.type == "cuda" else buf
+        self._host[buf.data_ptr()] = (host, host.numpy())
+        return buf
+
+    def _put(self, buf: torch.Tensor, arr: np.ndarray) -> torch.Tensor:
+        """Write a host array into the front of a static buffer; returns the view."""
+        index = tuple(slice(0, n) for n in arr.shape)
+        host, host_np = self._host[buf.data_ptr()]
+        host_np[index] = arr
+        if host is buf:
+            return buf[index]
+        view = buf[index]
+        view.copy_(host[index], non_blocking=True)
+        return view
+
+    def free_request(self, request_id: str) -> None:
+        """Forget a finished, aborted or preempted request's state row."""
+        self.state.release(request_id)
+
+    # -- the five stages ------------------------------------------------------------------------
+    def prepare_inputs(self, scheduled: list[ScheduledRequest], kv: KVCacheManager) -> StepInputs:
+        """Fill the step buffers from the scheduler's decisions (host work, numpy, no device sync)."""
         S = len(scheduled)
-        qlens = np.array([s.num_new_tokens for s in scheduled], dtype=np.int64)
-        starts = np.array([s.request.num_computed_tokens for s in scheduled], dtype=np.int64)
+        state, B = self.state, self.block_size
+        rows = np.empty(S, dtype=np.int64)
+        qlens = np.empty(S, dtype=np.int64)
+        starts = np.empty(S, dtype=np.int64)
+        samples = np.empty(S, dtype=bool)
+        T = sum(s.num_new_tokens for s in scheduled)
+        ids = np.empty(T, dtype=np.int64)
+        t = 0
+        for i, s in enumerate(scheduled):
+            request, n = s.request, s.num_new_tokens
+            start = request.num_computed_tokens
+            rows[i] = state.sync(request, kv.table(request.request_id))
+            ids[t:t + n] = request.token_buffer[start:start + n]
+            qlens[i], starts[i], samples[i] = n, start, start + n == request.num_tokens
+            t += n
         qsl = np.zeros(S + 1, dtype=np.int32)
         np.cumsum(qlens, out=qsl[1:])
-        T = int(qsl[-1])
-        ids = np.empty(T, dtype=np.int64)
-        slots = np.empty(T, dtype=np.int64)
-        tables = np.zeros((S, self.max_blocks_per_seq), dtype=np.int32)
-        for i, s in enumerate(scheduled):
-            lo, hi, start = qsl[i], qsl[i + 1], starts[i]
-            ids[lo:hi] = s.request.all_token_ids[start:start + qlens[i]]
-            table = kv.table(s.request.request_id)
-            slots[lo:hi] = table.slots(start, start + qlens[i])
-            tables[i, :len(table)] = table.blocks
-        # positions = start of each sequence + offset within its query
         positions = np.repeat(starts - qsl[:-1], qlens) + np.arange(T)
+        # The slot formula (block_table[pos // B] * B + pos % B) over the whole batch at once.
+        slots = state.block_tables[np.repeat(rows, qlens), positions // B].astype(np.int64) * B \
+            + positions % B
         seq_lens = (starts + qlens).astype(np.int32)
-
-        def put(buf, arr):
-            view = buf[:len(arr)]
-            view.copy_(torch.from_numpy(arr), non_blocking=True)
-            return view
-
+        max_seq_len = int(seq_lens.max())
+        nb = -(-max_seq_len // B)
+        self._put(self.block_tables, state.block_tables[rows, :nb])
         meta = AttentionMetadata(
-            positions=put(self.positions, positions),
-            slot_mapping=put(self.slot_mapping, slots),
-            query_start_loc=put(self.query_start_loc, qsl),
-            seq_lens=put(self.seq_lens, seq_lens),
+            positions=self._put(self.positions, positions),
+            slot_mapping=self._put(self.slot_mapping, slots),
+            query_start_loc=self._put(self.query_start_loc, qsl),
+            seq_lens=self._put(self.seq_lens, seq_lens),
             block_tables=self.block_tables[:S],
             query_start_loc_cpu=torch.from_numpy(qsl),
             seq_lens_cpu=torch.from_numpy(seq_lens),
             max_query_len=int(qlens.max()),
-            max_seq_len=int(seq_lens.max()),
-            block_size=self.block_size,
+            max_seq_len=max_seq_len,
+            block_size=B,
         )
-        self.block_tables[:S].copy_(torch.from_numpy(tables), non_blocking=True)
-        return put(self.input_ids, ids), meta
+        return StepInputs(
+            input_ids=self._put(self.input_ids, ids),
+            meta=meta,
+            logits_indices=self._put(self.logits_indices, (qsl[1:][samples] - 1).astype(np.int64)),
+            sample_rows=rows[samples],
+            sample_positions=self._put(self.sample_positions, seq_lens[samples].astype(np.int64)),
+            sample_requests=[s.request for s, flag in zip(scheduled, samples, strict=True) if flag],
+        )
+
+    def run_model(self, inputs: StepInputs) -> torch.Tensor:
+        """The forward pass: every layer writes its K/V by slot and attends. Returns hidden states
+        [num_tokens, hidden_size]."""
+        self.backend.plan(inputs.meta)
+        return self.model(inputs.input_ids, inputs.meta, self.kv_caches, self.backend)
+
+    def compute_logits(self, hidden: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
+        """fp32 logits [num_sampling, vocab] for the rows that sample only."""
+        return self.model.compute_logits(hidden[inputs.logits_indices])
+
+    def sample(self, logits: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
+        """One token per sampling request: int64 [num_sampling]. Logit bias, min_tokens, penalties and
+        min_p apply first (only when some request asks for them); an all-greedy batch is then one argmax,
+        and the top-k/top-p sort runs only when some request in the batch asks for it."""
+        logits = apply_logits_processors(logits, self.logits_processors.prepare(inputs.sample_requests))
+        state, rows = self.state, inputs.sample_rows
+        temps = state.temperature[rows]
+        if not temps.any():
+            return logits.argmax(dim=-1)
+        top_k, top_p = state.top_k[rows], state.top_p[rows]
+        filters = bool(((top_k > 0) & (top_k < logits.shape[-1])).any() or (top_p < 1).any())
+        dev = logits.device
+        args = (logits, torch.from_numpy(temps).to(dev), torch.from_numpy(top_k).to(dev),
+                torch.from_numpy(top_p).to(dev), torch.from_numpy(state.seed[rows]).to(dev),
+                inputs.sample_positions)
+        if dev.type == "cuda" and HAS_TRITON:
+            return sample(*args, apply_filters=filters)
+        return sample_ref(*args, apply_filters=filters)
+
+    def postprocess(self, tokens: torch.Tensor) -> list[int]:
+        """Sampled tokens back to the host for the engine (the step's one device-to-host sync)."""
+        return tokens.tolist()
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest], kv: KVCacheManager):
         """Run one step. Returns (token ids sampled for the requests whose step ``samples``, in order,
-        their fp32 logits [n, vocab])."""
-        input_ids, meta = self.prepare(scheduled, kv)
-        self.backend.plan(meta)
-        hidden = self.model(input_ids, meta, self.kv_caches, self.backend)
-        rows = [i for i, s in enumerate(scheduled) if s.samples]
-        if not rows:
+        their fp32 logits [n, vocab] (raw: before penalties, bias and temperature) or None)."""
+        inputs = self.prepare_inputs(scheduled, kv)
+        hidden = self.run_model(inputs)
+        self.last_prompt_logprobs = score_prompts(self.model, hidden, scheduled)
+        if not len(inputs.sample_rows):
             return [], None
-        last = meta.query_start_loc_cpu[1:][rows].long() - 1
-        logits = self.model.compute_logits(hidden[last.to(self.device)])
-        reqs = [scheduled[i].request for i in rows]
-        dev = self.device
-        if dev.type == "cuda" and HAS_TRITON:  # one fused pass; top-k/top-p known from the host
-            filters = any(0 < r.params.top_k < logits.shape[-1] or r.params.top_p < 1 for r in reqs)
-            sampler = functools.partial(sample, apply_filters=filters)
-        else:
-            sampler = sample_ref
-        tokens = sampler(
-            logits,
-            torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32, device=dev),
-            torch.tensor([r.params.top_k for r in reqs], dtype=torch.int64, device=dev),
-            torch.tensor([r.params.top_p for r in reqs], dtype=torch.float32, device=dev),
-            torch.tensor([r.seed & _SEED_MASK for r in reqs], dtype=torch.int64, device=dev),
-            torch.tensor([r.num_tokens for r in reqs], dtype=torch.int64, device=dev),
-        )
-        return tokens.tolist(), logits
+        logits = self.compute_logits(hidden, inputs)
+        tokens = self.sample(logits, inputs)
+        self.logits_processors.record(tokens)
+        k = max((r.params.logprobs for r in inputs.sample_requests if r.params.logprobs is not None),
+                default=None)
+        self.last_logprobs = None if k is None else score_tokens(logits, tokens, k)
+        return self.postprocess(tokens), logits

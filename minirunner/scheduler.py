@@ -82,7 +82,9 @@ class Scheduler:
             remaining = request.num_tokens - request.num_computed_tokens \
                 - len(cached) * self.kv.block_size
             num_new = min(remaining, budget)
-            if not self.kv.allocate(request, num_new, cached):
+            # Admit only while every running request could still grow by one block: admitting into
+            # the last free blocks just forces a preemption (and a recompute) a few steps later.
+            if not self.kv.allocate(request, num_new, cached, headroom=len(self.running)):
                 break
             self.kv.cache_full_blocks(request, request.num_computed_tokens + num_new)
             self.waiting.popleft()

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One prepared GPU run (about 5 minutes on one H200): the gpu-marked tests and the kernel
-# micro-benchmark, with a JSON report in $OUT (or a fresh temporary folder, printed, when OUT is unset).
+# One prepared GPU run (about 5 minutes on one H200): the gpu-marked tests, the kernel
+# micro-benchmark and the serving benchmark (nano-vllm's workload on a Qwen3-0.6B-shaped random model,
+# and transformers generate on a sample), with a JSON report in $OUT (or a fresh temporary folder,
+# printed, when OUT is unset).
 #   scripts/gpu_check.sh            on a CUDA machine
 #   scripts/gpu_check.sh --dry-run  on any machine: imports, collection and the benchmark script on
 #                                   tiny CPU shapes (Triton interpreter), to catch mistakes early
@@ -9,8 +11,29 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
+usage() {
+    cat <<'USAGE'
+usage: scripts/gpu_check.sh [--dry-run | --help]
+
+One prepared GPU run (about 5 minutes on one H200): the gpu-marked tests and the kernel
+micro-benchmark, with a JSON report in $OUT (or a fresh temporary folder, printed, when OUT is unset).
+
+  (no option)  run it; needs a CUDA device
+  --dry-run    on any machine: imports, collection and the benchmark script on tiny CPU shapes
+               (Triton interpreter), to catch mistakes before spending GPU time
+  -h, --help   print this help and exit (starts nothing)
+
+Environment: OUT (report folder), PYTHON (interpreter, default python). Nothing is installed and
+nothing is downloaded; FlashInfer is used when `import flashinfer` works.
+USAGE
+}
 DRY=0
-if [ "${1:-}" = "--dry-run" ]; then DRY=1; fi
+case "${1:-}" in
+    -h|--help) usage; exit 0 ;;
+    --dry-run) DRY=1 ;;
+    "") ;;
+    *) echo "gpu_check: unknown option '$1'" >&2; usage >&2; exit 2 ;;
+esac
 REPORT_DIR="${OUT:-$(mktemp -d -t gpu_check.XXXXXX)}"
 mkdir -p "$REPORT_DIR"
 echo "gpu_check: report folder $REPORT_DIR"
@@ -49,6 +72,9 @@ if [ "$DRY" = 1 ]; then
     timeout 120 "$PY" benchmarks/kernel_bench.py --dry-run --out "$REPORT_DIR/kernel_bench.json" \
         >"$REPORT_DIR/kernel_bench.log" 2>&1
     BENCH_RC=$?
+    timeout 120 "$PY" benchmarks/gpu_serving.py --dry-run --out "$REPORT_DIR/serving.json" \
+        >"$REPORT_DIR/serving.log" 2>&1
+    SERVE_RC=$?
 else
     timeout 170 "$PY" -m pytest "${PYTEST_ARGS[@]}" "${TEST_FILES[@]}" \
         >"$REPORT_DIR/gpu_tests.log" 2>&1
@@ -56,14 +82,19 @@ else
     timeout 100 "$PY" benchmarks/kernel_bench.py --out "$REPORT_DIR/kernel_bench.json" \
         >"$REPORT_DIR/kernel_bench.log" 2>&1
     BENCH_RC=$?
+    timeout 150 "$PY" benchmarks/gpu_serving.py --out "$REPORT_DIR/serving.json" \
+        >"$REPORT_DIR/serving.log" 2>&1
+    SERVE_RC=$?
 fi
 tail -n 25 "$REPORT_DIR/gpu_tests.log"
 tail -n 5 "$REPORT_DIR/kernel_bench.log"
+tail -n 3 "$REPORT_DIR/serving.log"
 
-"$PY" - "$REPORT_DIR" "$TEST_RC" "$BENCH_RC" "$DRY" "$(( $(date +%s) - T0 ))" <<'PYEOF'
+"$PY" - "$REPORT_DIR" "$TEST_RC" "$BENCH_RC" "$DRY" "$(( $(date +%s) - T0 ))" "$SERVE_RC" <<'PYEOF'
 import json, sys
 from pathlib import Path
 out, test_rc, bench_rc, dry, wall = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5])
+serve_rc = int(sys.argv[6])
 def load(name):
     p = out / name
     try:
@@ -78,12 +109,14 @@ report = {
     "gpu_tests": {"rc": test_rc, "timed_out": test_rc == 124, "summary": log[-1] if log else "",
                   "skipped_reasons": [l for l in log if l.startswith("SKIPPED")]},
     "kernel_bench": {"rc": bench_rc, "timed_out": bench_rc == 124, **load("kernel_bench.json")},
+    "serving": {"rc": serve_rc, "timed_out": serve_rc == 124, **load("serving.json")},
     "flashinfer": ("available " + env["flashinfer"]) if not str(env.get("flashinfer", "")).startswith("unavailable")
                   else "unavailable on this machine (import flashinfer failed); FlashInfer tests skipped",
     "wall_s": wall,
 }
 (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
-print(f"gpu_check: tests rc={test_rc}, bench rc={bench_rc}, {wall} s -> {out / 'gpu_check.json'}")
+print(f"gpu_check: tests rc={test_rc}, bench rc={bench_rc}, serving rc={serve_rc}, {wall} s -> "
+      f"{out / 'gpu_check.json'}")
 PYEOF
-if [ "$TEST_RC" -ne 0 ] || [ "$BENCH_RC" -ne 0 ]; then exit 1; fi
+if [ "$TEST_RC" -ne 0 ] || [ "$BENCH_RC" -ne 0 ] || [ "$SERVE_RC" -ne 0 ]; then exit 1; fi
 exit 0

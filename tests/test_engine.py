@@ -138,7 +138,7 @@ def test_abort_frees_blocks_and_others_continue(llm):
 
 def test_step_trace_and_metrics(model_dir):
     llm = LLM(str(model_dir), dtype="float32", device="cpu", num_kv_blocks=6, block_size=4,
-              max_model_len=24, max_num_batched_tokens=8)
+              max_model_len=24, max_num_batched_tokens=8, trace_block_tables=True)
     prompts = [[3] * 10, [4] * 7, [5] * 12]
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
                         use_tqdm=False)
@@ -148,8 +148,17 @@ def test_step_trace_and_metrics(model_dir):
     for t in trace:  # without prefix sharing, the blocks in use are exactly those tables hold
         held = [b for blocks in t["block_tables"].values() for b in blocks]
         assert len(held) == len(set(held)) == t["blocks_used"]
+        # occupancy is the step's peak: finished requests free their blocks only afterwards
+        assert t["blocks_used_after"] <= t["blocks_used"]
+        assert t["blocks_used_after"] < t["blocks_used"] or not t["finished_ids"]
+        assert 0 < t["kv_slots_used"] <= t["kv_slots_allocated"] == 4 * t["blocks_used"]
+        assert t["kv_slots_allocated"] - t["kv_slots_used"] < 4 * t["num_running"]  # < 1 block each
     assert any(t["num_preempted"] for t in trace) and any(t["finished_ids"] for t in trace)
     assert sum(t["num_tokens"] for t in trace) >= sum(len(p) + 7 for p in prompts)
+    untraced = LLM(str(model_dir), dtype="float32", device="cpu", num_kv_blocks=6, block_size=4,
+                   max_model_len=24, max_num_batched_tokens=8)
+    untraced.generate(prompts[:1], SamplingParams(max_tokens=2), use_tqdm=False)
+    assert all(t["block_tables"] == {} for t in untraced.get_step_trace())  # tables cost only if asked
     for o in outs:
         m = o.metrics
         assert 0 <= m.time_to_first_token <= m.e2e_latency and m.decode_time >= 0

@@ -65,6 +65,7 @@ class FlashInferAttentionBackend(AttentionBackend):
                 meta: AttentionMetadata) -> torch.Tensor:
         if self._planned_decode is None or self._planned_decode != meta.is_decode_only:
             raise RuntimeError("FlashInferAttentionBackend.plan(meta) must run before each step")
+        q = q.contiguous()  # the model hands q and k as views of one fused projection
         store_kv(k, v, kv_cache, meta.slot_mapping)
         if self._planned_decode:
             out = self._decode.run(q, kv_cache)

@@ -1,25 +1,249 @@
-"""The torch reference attention backend: readable, runs anywhere, and is the correctness baseline.
+"""The torch attention backend: vectorised over the batch, runs anywhere, the default on a CPU.
 
-Owns nothing but the dispatch to the torch twins in ``kernels.paged_attention``: decode-only batches
-use the decode twin, anything else the prefill/extend twin.
+Owns attention over the paged KV cache in plain torch with no Python loop over sequences and no host
+sync inside the forward: per step, ``plan`` turns the host copies of the metadata into gather indices and
+masks once; per layer, ``forward`` writes K/V by slot (one ``index_copy_``), gathers each sequence's
+blocks through its block table (one index per K and V, with rows computed once per step from the table),
+and runs one batched ``scaled_dot_product_attention``. GQA folds the
+query heads of a group into the query-length axis, so repeated KV is never materialised. The readable
+per-sequence loops stay in ``kernels.paged_attention`` (the ``*_ref`` twins the tests compare against).
+
+Padding rows (slot -1) are written to the cache's last block: the runner allocates one extra block that
+the pool never hands out, and slot -1 lands there by floor division (block -1, offset block_size - 1).
 """
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
-from kernels.paged_attention import paged_decode_ref, paged_prefill_ref, store_kv_ref
+import numpy as np
+import torch
+import torch.nn.functional as F
+
 from minirunner.attention.base import AttentionBackend
 from minirunner.attention.metadata import AttentionMetadata
+
+
+def slot_rows(slot_mapping: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+    """Rows of the cache viewed as [num_blocks * 2 * block_size, H_kv, D] where each slot's K and V go:
+    int64 [2 * num_tokens], the K rows then the V rows. Slot -1 lands in the last block's last slot
+    (floor division gives block -1, offset block_size - 1; negative rows wrap), i.e. the null block."""
+    n, bs = kv_cache.shape[0], kv_cache.shape[2]
+    blocks = torch.div(slot_mapping, bs, rounding_mode="floor")
+    k_rows = blocks * (2 * bs) + (slot_mapping - blocks * bs)
+    return torch.cat((k_rows, k_rows + bs)).remainder(n * 2 * bs)
+
+
+def store_kv_padded(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                    slot_mapping: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+    """Write k, v at their slots with one copy and no host sync; slot -1 rows land in the null block.
+
+    k, v: [num_tokens, num_kv_heads, head_dim]; kv_cache: [num_blocks + 1, 2, block_size, num_kv_heads,
+    head_dim] (contiguous) whose last block is scratch; slot_mapping: int64 [num_tokens]; rows: the
+    slots' :func:`slot_rows`, when already computed for this step.
+    """
+    n, _, bs, h, d = kv_cache.shape
+    if rows is None:
+        rows = slot_rows(slot_mapping, kv_cache)
+    kv = torch.cat((k, v))
+    if kv.dtype != kv_cache.dtype:
+        kv = kv.to(kv_cache.dtype)
+    kv_cache.view(n * 2 * bs, h, d).index_copy_(0, rows, kv)
+
+
+def gather_rows(block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Cache rows (as in :func:`slot_rows`) of every K slot the block tables reach, in order, then the
+    same for V: int64 [2, num_seqs, num_blocks_per_seq * block_size] (V rows = K rows + block_size)."""
+    offsets = torch.arange(block_size, device=block_tables.device)
+    k_rows = (block_tables.long()[:, :, None] * (2 * block_size) + offsets).flatten(1)
+    return torch.stack((k_rows, k_rows + block_size))
+
+
+def _gather(kv_cache: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype):
+    """K and V at the given :func:`gather_rows`: two [num_seqs, num_kv_heads, L, head_dim] views in
+    ``dtype``. index_select copies whole rows (H_kv x D values each), much faster than fancy indexing."""
+    n, _, bs, h, d = kv_cache.shape
+    _, s, length = rows.shape
+    kv = kv_cache.view(n * 2 * bs, h, d).index_select(0, rows.view(-1)).view(2, s, length, h, d)
+    if kv.dtype != dtype:
+        kv = kv.to(dtype)
+    return kv[0].transpose(1, 2), kv[1].transpose(1, 2)
+
+
+def paged_decode_vectorized(q: torch.Tensor, kv_cache: torch.Tensor, k_rows: torch.Tensor,
+                            key_mask: torch.Tensor, row_valid: torch.Tensor | None,
+                            scale: float) -> torch.Tensor:
+    """One query token per sequence, all sequences in one SDPA call.
+
+    q: [num_seqs, num_q_heads, head_dim]; k_rows: int64 [2, num_seqs, L] (:func:`gather_rows` of the
+    block-table columns covering the longest sequence); key_mask: bool [num_seqs, 1, 1, L] (True =
+    attend); row_valid: [num_seqs, 1, 1] in q's dtype (0 for padding rows, whose output must be zeros) or
+    None when there are none. Returns [num_seqs, num_q_heads, head_dim].
+    """
+    s, hq, d = q.shape
+    k, v = _gather(kv_cache, k_rows, q.dtype)
+    hkv = k.shape[1]
+    # [S, Hkv, G, D]: the G query heads sharing a KV head act as G query rows of that head.
+    out = F.scaled_dot_product_attention(q.reshape(s, hkv, hq // hkv, d), k, v, attn_mask=key_mask,
+                                         scale=scale)
+    out = out.reshape(s, hq, d)
+    return out if row_valid is None else out * row_valid
+
+
+def paged_prefill_vectorized(q_pad: torch.Tensor, kv_cache: torch.Tensor, k_rows: torch.Tensor,
+                             mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Ragged queries padded to one length, causal over each sequence's cached prefix + new tokens.
+
+    q_pad: [num_seqs, max_q, num_q_heads, head_dim]; k_rows: int64 [2, num_seqs, L]; mask: bool
+    [num_seqs, 1, max_q * G, L] with row i * G + g for query token i and head g of a group
+    (G = num_q_heads // num_kv_heads). Returns [num_seqs, max_q, num_q_heads, head_dim].
+    """
+    s, mq, hq, d = q_pad.shape
+    k, v = _gather(kv_cache, k_rows, q_pad.dtype)
+    hkv = k.shape[1]
+    g = hq // hkv
+    q5 = q_pad.view(s, mq, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(s, hkv, mq * g, d)
+    out = F.scaled_dot_product_attention(q5, k, v, attn_mask=mask, scale=scale)
+    return out.view(s, hkv, mq, g, d).permute(0, 2, 1, 3, 4).reshape(s, mq, hq, d)
+
+
+@dataclass(slots=True)
+class _DecodeGroup:
+    """Sequences with one query token: their token rows, block-table rows, key mask."""
+
+    seq_idx: torch.Tensor | None  # int64 [n] into the batch's sequences (None = all, in order)
+    token_rows: torch.Tensor | None  # int64 [n] rows of q (None = all rows, in order)
+    k_rows: torch.Tensor  # int64 [2, n, L]: cache rows of each sequence's K and V slots (gather_rows)
+    key_mask: torch.Tensor
+    row_valid: torch.Tensor | None
+
+
+@dataclass(slots=True)
+class _PrefillGroup:
+    """Sequences with several query tokens, padded to max_q: where each token goes and its mask."""
+
+    token_rows: torch.Tensor  # int64 [n_tokens] rows of q
+    padded_rows: torch.Tensor  # int64 [n_tokens] rows of the [n_seqs * max_q] padded layout
+    num_seqs: int
+    max_q: int
+    k_rows: torch.Tensor
+    mask: torch.Tensor
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
+    # Decode sequences of very different lengths are split into up to this many groups by length, each
+    # padded to its own longest, when that cuts the padded K/V gathered by a quarter or more.
+    MAX_DECODE_GROUPS = 4
+    MIN_GROUP_SIZE = 16
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._decode: list[_DecodeGroup] = []
+        self._prefill: _PrefillGroup | None = None
+        self._store_rows: torch.Tensor | None = None
+        # A captured step needs one static decode group (no length-dependent split): graph runners
+        # turn this off.
+        self.split_decode_by_length = True
+
+    # -- per step ---------------------------------------------------------------------------------
+    def plan(self, meta: AttentionMetadata) -> None:
+        """Split the batch into single-token (decode) and multi-token (prefill/extend) sequences and
+        build each group's indices and masks from the host copies: once per step, for every layer."""
+        qsl = meta.query_start_loc_cpu.numpy().astype(np.int64)
+        seq_lens = meta.seq_lens_cpu.numpy().astype(np.int64)
+        qlens = qsl[1:] - qsl[:-1]
+        self._decode, self._prefill = [], None
+        self._store_rows = None  # needs the cache's size: computed by the first layer of the step
+        if meta.is_decode_only:
+            groups = self._length_groups(seq_lens)
+            if len(groups) == 1:  # the whole batch in order: no gather of q, no scatter of outputs
+                self._decode = [self._plan_decode(meta, None, seq_lens, None)]
+            else:
+                self._decode = [self._plan_decode(meta, g, seq_lens[g], g) for g in groups]
+            return
+        dec = np.flatnonzero((qlens == 1) & (seq_lens > 0))
+        pre = np.flatnonzero((qlens > 1) & (seq_lens > 0))
+        if dec.size:
+            self._decode = [self._plan_decode(meta, dec[g], seq_lens[dec[g]], qsl[dec[g]])
+                            for g in self._length_groups(seq_lens[dec])]
+        if pre.size:
+            self._prefill = self._plan_prefill(meta, pre, qsl, seq_lens)
+
+    def _columns(self, max_len: int) -> int:
+        return max(1, -(-int(max_len) // self.block_size))
+
+    def _length_groups(self, seq_lens: np.ndarray) -> list[np.ndarray]:
+        """Indices into seq_lens, one array per group: all of them in order, or consecutive runs of the
+        length-sorted order when padding each run to its own longest saves enough gathering."""
+        n = len(seq_lens)
+        k = min(self.MAX_DECODE_GROUPS, n // self.MIN_GROUP_SIZE)
+        if not self.split_decode_by_length or k < 2:
+            return [np.arange(n)]
+        order = np.argsort(seq_lens, kind="stable")
+        groups = np.array_split(order, k)
+        padded = sum(len(g) * self._columns(seq_lens[g].max()) for g in groups)
+        if padded > 0.75 * n * self._columns(seq_lens.max()):
+            return [np.arange(n)]
+        return groups
+
+    def _plan_decode(self, meta: AttentionMetadata, idx: np.ndarray | None, seq_lens: np.ndarray,
+                     rows: np.ndarray | None) -> _DecodeGroup:
+        dev = meta.seq_lens.device
+        nb = self._columns(seq_lens.max(initial=1))
+        if idx is None:
+            tables, lens = meta.block_tables[:, :nb], meta.seq_lens
+            seq_idx = token_rows = None
+        else:
+            seq_idx = torch.from_numpy(idx).to(dev)
+            token_rows = torch.from_numpy(rows).to(dev)
+            tables, lens = meta.block_tables[seq_idx, :nb], meta.seq_lens[seq_idx]
+        key_pos = torch.arange(nb * self.block_size, device=dev)
+        # A padding row (seq_len 0) attends to key 0 so softmax stays finite; its output is zeroed.
+        key_mask = (key_pos[None, :] < lens.clamp(min=1)[:, None])[:, None, None, :]
+        row_valid = None
+        if (seq_lens == 0).any():
+            row_valid = (lens > 0).to(self.dtype)[:, None, None]
+        return _DecodeGroup(seq_idx, token_rows, gather_rows(tables, self.block_size), key_mask, row_valid)
+
+    def _plan_prefill(self, meta: AttentionMetadata, idx: np.ndarray, qsl: np.ndarray,
+                      seq_lens: np.ndarray) -> _PrefillGroup:
+        dev = meta.seq_lens.device
+        starts, qlens, lens = qsl[idx], qsl[idx + 1] - qsl[idx], seq_lens[idx]
+        max_q, n = int(qlens.max()), len(idx)
+        local = np.arange(int(qlens.sum())) - np.repeat(np.cumsum(qlens) - qlens, qlens)
+        owner = np.repeat(np.arange(n), qlens)
+        token_rows = np.repeat(starts, qlens) + local
+        padded_rows = owner * max_q + local
+        nb = self._columns(lens.max())
+        q_pos = (lens - qlens)[:, None] + np.arange(max_q)[None, :]  # [n, max_q]
+        key_pos = np.arange(nb * self.block_size)
+        allowed = key_pos[None, None, :] <= q_pos[:, :, None]  # causal; padded rows stay finite
+        group = self.num_q_heads // self.num_kv_heads
+        mask = np.repeat(allowed, group, axis=1)[:, None]  # row i * G + g
+        tables = meta.block_tables[torch.from_numpy(idx).to(dev), :nb]
+        return _PrefillGroup(torch.from_numpy(token_rows).to(dev), torch.from_numpy(padded_rows).to(dev),
+                             n, max_q, gather_rows(tables, self.block_size), torch.from_numpy(mask).to(dev))
+
+    # -- per layer --------------------------------------------------------------------------------
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
-        store_kv_ref(k, v, kv_cache, meta.slot_mapping)
-        if meta.is_decode_only:
-            return paged_decode_ref(q, kv_cache, meta.block_tables, meta.seq_lens, self.scale)
-        return paged_prefill_ref(q, kv_cache, meta.block_tables, meta.query_start_loc,
-                                 meta.seq_lens, self.scale)
+        if self._store_rows is None:
+            self._store_rows = slot_rows(meta.slot_mapping, kv_cache)
+        store_kv_padded(k, v, kv_cache, meta.slot_mapping, self._store_rows)
+        dec, pre = self._decode, self._prefill
+        if len(dec) == 1 and dec[0].token_rows is None:
+            g = dec[0]
+            return paged_decode_vectorized(q, kv_cache, g.k_rows, g.key_mask, g.row_valid, self.scale)
+        out = torch.zeros_like(q)
+        for g in dec:
+            out[g.token_rows] = paged_decode_vectorized(
+                q[g.token_rows], kv_cache, g.k_rows, g.key_mask, g.row_valid, self.scale)
+        if pre is not None:
+            q_pad = q.new_zeros(pre.num_seqs * pre.max_q, *q.shape[1:])
+            q_pad[pre.padded_rows] = q[pre.token_rows]
+            o = paged_prefill_vectorized(q_pad.view(pre.num_seqs, pre.max_q, *q.shape[1:]), kv_cache,
+                                         pre.k_rows, pre.mask, self.scale)
+            out[pre.token_rows] = o.reshape(-1, *q.shape[1:])[pre.padded_rows]
+        return out

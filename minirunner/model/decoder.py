@@ -22,10 +22,21 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
+        if x.dtype == torch.float32:  # one fused op; the same math as below
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        dtype = x.dtype  # half precision: normalise in fp32, round, then scale (transformers' order)
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
+
+
+def _rebind_as_views(modules, fused: torch.Tensor, name: str) -> None:
+    """Point each module's parameter ``name`` at its rows of ``fused`` (same values, shared storage)."""
+    start = 0
+    for m in modules:
+        rows = getattr(m, name).shape[0]
+        setattr(m, name, nn.Parameter(fused[start:start + rows], requires_grad=False))
+        start += rows
 
 
 class Attention(nn.Module):
@@ -43,17 +54,31 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        self.qkv_weight: torch.Tensor | None = None  # set by fuse_projections()
+        self.qkv_bias: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def fuse_projections(self) -> None:
+        """One matmul for q, k and v instead of three (vLLM's QKVParallelLinear idea): the weights are
+        concatenated once and q_proj / k_proj / v_proj become views of the fused tensor (no copy kept)."""
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_weight = torch.cat([p.weight for p in projs])
+        _rebind_as_views(projs, self.qkv_weight, "weight")
+        if self.q_proj.bias is not None:
+            self.qkv_bias = torch.cat([p.bias for p in projs])
+            _rebind_as_views(projs, self.qkv_bias, "bias")
 
     def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata, backend: AttentionBackend):
-        n = x.shape[0]
-        q = self.q_proj(x).view(n, self.num_q_heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        n, hq, hkv, d = x.shape[0], self.num_q_heads, self.num_kv_heads, self.head_dim
+        if self.qkv_weight is None:
+            self.fuse_projections()
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias).view(n, hq + 2 * hkv, d)
+        qk, v = qkv[:, :hq + hkv], qkv[:, hq + hkv:]
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = backend.forward(q, k, v, kv_cache, meta)
-        return self.o_proj(out.reshape(n, -1))
+            qk = torch.cat([self.q_norm(qk[:, :hq]), self.k_norm(qk[:, hq:])], dim=1)
+        qk = apply_rotary(qk, cos, sin)  # q and k rotated in one pass
+        out = backend.forward(qk[:, :hq], qk[:, hq:], v, kv_cache, meta)
+        return F.linear(out.reshape(n, -1), self.o_proj.weight)
 
 
 class MLP(nn.Module):
@@ -62,9 +87,19 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_weight: torch.Tensor | None = None  # set by fuse_projections()
+
+    @torch.no_grad()
+    def fuse_projections(self) -> None:
+        """One matmul for gate and up (vLLM's MergedColumnParallelLinear idea); the two become views."""
+        self.gate_up_weight = torch.cat([self.gate_proj.weight, self.up_proj.weight])
+        _rebind_as_views((self.gate_proj, self.up_proj), self.gate_up_weight, "weight")
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_weight is None:
+            self.fuse_projections()
+        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_proj.weight)
 
 
 class DecoderLayer(nn.Module):
@@ -113,6 +148,12 @@ class DecoderLM(nn.Module):
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             x = layer(x, cos, sin, kv_cache, meta, backend)
         return self.model.norm(x)
+
+    def fuse_projections(self) -> None:
+        """Fuse q/k/v and gate/up of every layer (done once after loading, in the final dtype)."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse_projections()
+            layer.mlp.fuse_projections()
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [n, hidden_size] -> fp32 logits [n, vocab_size]."""

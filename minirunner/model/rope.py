@@ -35,14 +35,16 @@ class RotaryEmbedding(torch.nn.Module):
                              persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype):
-        """positions: int64 [num_tokens] -> (cos, sin), each [num_tokens, 1, head_dim] in ``dtype``."""
+        """positions: int64 [num_tokens] -> (cos, signed_sin), each [num_tokens, 1, head_dim] in
+        ``dtype``. signed_sin is sin with its first half negated, ready for :func:`apply_rotary`."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+        cos, sin = freqs.cos().to(dtype), freqs.sin().to(dtype)
+        return torch.cat((cos, cos), dim=-1)[:, None, :], torch.cat((-sin, sin), dim=-1)[:, None, :]
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [num_tokens, num_heads, head_dim], rotated pairwise (first half with second half)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x: [num_tokens, num_heads, head_dim], each first-half entry rotated with its second-half partner.
+
+    The usual ``x * cos + rotate_half(x) * sin`` with rotate_half(x) = [-x2, x1]: rolling x by half gives
+    [x2, x1], and the sign sits in signed_sin = [-sin, sin], so the product is the same, bit for bit."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin

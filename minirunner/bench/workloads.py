@@ -1,0 +1,84 @@
+"""Seeded benchmark workloads: which prompts, and how many tokens each request generates.
+
+Owns the length distributions only (token ids are random in [3, vocab)): nano-vllm's uniform ranges,
+ShareGPT-like and Alpaca-like log-normal lengths with the vLLM paper's means, and fixed lengths. Never runs
+a model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# The vLLM paper's dataset means (Kwon et al., SOSP 2023, §6.1, Fig. 11): input / output tokens. The paper's
+# models allow 2048 tokens, so the means are scaled by max_model_len / 2048 for a model with another limit.
+# The log-normal shape and its sigmas are our assumption (the same as simulators.kv_memory's specs).
+PAPER_MAX_LEN = 2048
+DISTRIBUTIONS = {
+    "sharegpt": dict(prompt_mean=161.31, prompt_sigma=1.0, output_mean=337.99, output_sigma=1.0),
+    "alpaca": dict(prompt_mean=19.31, prompt_sigma=0.6, output_mean=58.45, output_sigma=0.8),
+}
+WORKLOADS = ("nano", "sharegpt", "alpaca", "fixed")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """prompts[i]: token ids of request i; max_tokens[i]: tokens it generates (EOS ignored)."""
+
+    name: str
+    prompts: list[list[int]]
+    max_tokens: list[int]
+    description: str
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(self.max_tokens)
+
+
+def make_workload(name: str, num_requests: int, vocab_size: int, max_model_len: int, seed: int = 0,
+                  input_len: tuple[int, int] = (100, 1024), output_len: tuple[int, int] = (100, 1024),
+                  ) -> Workload:
+    """``nano``: lengths uniform in input_len / output_len (inclusive; nano-vllm's bench uses 100–1024 for
+    both); ``fixed``: every request input_len[0] in, output_len[0] out; ``sharegpt`` / ``alpaca``:
+    log-normal lengths with the paper's means scaled to max_model_len. Every length is clipped so prompt +
+    output fits max_model_len."""
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; choose one of {list(WORKLOADS)}")
+    if num_requests < 1:
+        raise ValueError("a workload needs at least one request")
+    rng = np.random.default_rng(seed)
+    if name == "nano":
+        prompt_lens = rng.integers(input_len[0], input_len[1] + 1, num_requests)
+        output_lens = rng.integers(output_len[0], output_len[1] + 1, num_requests)
+        desc = f"{num_requests} requests, input U[{input_len[0]}, {input_len[1]}], output " \
+               f"U[{output_len[0]}, {output_len[1]}], ignore_eos"
+    elif name == "fixed":
+        prompt_lens = np.full(num_requests, input_len[0])
+        output_lens = np.full(num_requests, output_len[0])
+        desc = f"{num_requests} requests, {input_len[0]} in, {output_len[0]} out, ignore_eos"
+    else:
+        d = DISTRIBUTIONS[name]
+        scale = max_model_len / PAPER_MAX_LEN
+
+        def draw(mean: float, sigma: float) -> np.ndarray:
+            mu = math.log(mean * scale) - sigma ** 2 / 2  # a log-normal's mean is exp(mu + sigma^2 / 2)
+            return np.maximum(1, np.rint(rng.lognormal(mu, sigma, num_requests))).astype(np.int64)
+
+        prompt_lens = draw(d["prompt_mean"], d["prompt_sigma"])
+        output_lens = draw(d["output_mean"], d["output_sigma"])
+        desc = (f"{num_requests} {name}-like requests, log-normal lengths with the paper's means "
+                f"{d['prompt_mean']:.0f} in / {d['output_mean']:.0f} out scaled by {max_model_len}/"
+                f"{PAPER_MAX_LEN}, ignore_eos")
+    prompt_lens = np.clip(prompt_lens, 1, max_model_len - 1)
+    output_lens = np.clip(output_lens, 1, max_model_len - prompt_lens)
+    prompts = [rng.integers(3, vocab_size, int(n)).tolist() for n in prompt_lens]
+    return Workload(name, prompts, [int(n) for n in output_lens], desc)

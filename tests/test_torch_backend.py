@@ -1,0 +1,113 @@
+"""The vectorised torch attention backend equals the per-sequence ``_ref`` twins: decode, prefill, extend
+and mixed batches, GQA, lengths on and across block boundaries, padding rows, and the K/V write."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attention_meta import make_meta
+
+from kernels.paged_attention import paged_decode_ref, paged_prefill_ref, store_kv_ref
+from kernels.testing import random_paged_batch
+from minirunner.attention.torch_backend import TorchAttentionBackend, store_kv_padded
+
+
+def _with_null_block(kv_cache: torch.Tensor) -> torch.Tensor:
+    """The runner's layout: one extra scratch block after the pool's blocks."""
+    return torch.cat([kv_cache, torch.full_like(kv_cache[:1], float("nan"))])
+
+
+def _backend(hq, hkv, d, bs, dtype=torch.float32):
+    return TorchAttentionBackend(hq, hkv, d, d ** -0.5, bs, torch.device("cpu"), dtype)
+
+
+CASES = [  # (seq_lens, query_lens)
+    ([1, 16, 17, 33, 5], [1, 1, 1, 1, 1]),  # decode: lengths 1, a block multiple, just past one
+    ([7, 0, 40, 0], [1, 1, 1, 1]),  # decode with padding rows (CUDA-graph padding)
+    ([9, 32, 3], [9, 32, 3]),  # prefill from empty
+    ([20, 48, 5], [4, 15, 5]),  # extend after a cached prefix (chunked prefill / prefix hits)
+    ([20, 1, 37, 64, 2], [4, 1, 1, 30, 2]),  # mixed: decode rows beside prefill chunks
+]
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2), (8, 1), (6, 3)], ids=lambda h: f"gqa{h[0]}:{h[1]}")
+@pytest.mark.parametrize("block_size", [1, 16, 7])
+@pytest.mark.parametrize("case", CASES, ids=["decode", "decode_pad", "prefill", "extend", "mixed"])
+def test_forward_matches_ref(case, block_size, heads):
+    seq_lens, query_lens = case
+    hq, hkv = heads
+    d = 32
+    # random_paged_batch gives padding rows no queries; decode padding rows carry one query row each.
+    qls = [q if s else 0 for s, q in zip(seq_lens, query_lens, strict=True)]
+    b = random_paged_batch(seq_lens, qls, hq, hkv, d, block_size, seed=block_size + hq)
+    meta = make_meta(seq_lens, query_lens, b.block_tables, block_size)
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(meta.num_tokens, hq, d, generator=gen)
+    k = torch.randn(meta.num_tokens, hkv, d, generator=gen)
+    v = torch.randn(meta.num_tokens, hkv, d, generator=gen)
+
+    want_cache = b.kv_cache.clone()
+    store_kv_ref(k, v, want_cache, meta.slot_mapping)
+    if meta.is_decode_only:
+        want = paged_decode_ref(q, want_cache, meta.block_tables, meta.seq_lens, d ** -0.5)
+    else:
+        want = paged_prefill_ref(q, want_cache, meta.block_tables, meta.query_start_loc,
+                                 meta.seq_lens, d ** -0.5)
+        # the ref leaves the rows of padding sequences at zero; so must we
+    backend = _backend(hq, hkv, d, block_size)
+    cache = _with_null_block(b.kv_cache)
+    backend.plan(meta)
+    got = backend.forward(q, k, v, cache, meta)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cache[:-1], want_cache, atol=0, rtol=0)
+
+
+def test_padding_rows_never_touch_real_blocks():
+    kv = torch.randn(5, 2, 4, 2, 8)
+    cache = _with_null_block(kv)
+    slots = torch.tensor([-1, 6, -1, 13])
+    k, v = torch.randn(4, 2, 8), torch.randn(4, 2, 8)
+    store_kv_padded(k, v, cache, slots)
+    want = kv.clone()
+    store_kv_ref(k, v, want, slots)
+    assert torch.equal(cache[:-1], want)
+
+
+def test_bf16_close_to_fp32_ref():
+    seq_lens, query_lens = [20, 1, 37], [4, 1, 1]
+    b = random_paged_batch(seq_lens, query_lens, 8, 2, 64, 16, seed=3)
+    meta = make_meta(seq_lens, query_lens, b.block_tables, 16)
+    q = torch.randn(meta.num_tokens, 8, 64)
+    k = v = torch.zeros(meta.num_tokens, 2, 64)
+    ref_cache = b.kv_cache.clone()
+    store_kv_ref(k, v, ref_cache, meta.slot_mapping)
+    want = paged_prefill_ref(q, ref_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, 0.125)
+    backend = _backend(8, 2, 64, 16, torch.bfloat16)
+    backend.plan(meta)
+    got = backend.forward(q.bfloat16(), k.bfloat16(), v.bfloat16(), _with_null_block(b.kv_cache).bfloat16(),
+                          meta)
+    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_length_groups_match_ref(split):
+    """A large decode batch of very different lengths (split into length groups, each padded to its own
+    longest) and the same batch with padding rows mixed in."""
+    g = torch.Generator().manual_seed(5)
+    seq_lens = [int(x) for x in torch.randint(1, 200, (40,), generator=g)] + [1000] * 4
+    seq_lens[3] = seq_lens[17] = 0
+    query_lens = [1] * len(seq_lens)
+    b = random_paged_batch(seq_lens, [1 if s else 0 for s in seq_lens], 8, 2, 16, 16, seed=2)
+    meta = make_meta(seq_lens, query_lens, b.block_tables, 16)
+    q = torch.randn(meta.num_tokens, 8, 16, generator=g)
+    k, v = torch.randn(meta.num_tokens, 2, 16, generator=g), torch.randn(meta.num_tokens, 2, 16, generator=g)
+    want_cache = b.kv_cache.clone()
+    store_kv_ref(k, v, want_cache, meta.slot_mapping)
+    want = paged_decode_ref(q, want_cache, meta.block_tables, meta.seq_lens, 0.25)
+    backend = _backend(8, 2, 16, 16)
+    backend.split_decode_by_length = split
+    backend.plan(meta)
+    assert (len(backend._decode) > 1) == split
+    got = backend.forward(q, k, v, _with_null_block(b.kv_cache), meta)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
