@@ -61,7 +61,9 @@ def main() -> None:
                            SamplingParams(max_tokens=100, ignore_eos=True))
     for _ in range(3):
         engine.step()
-    ids, meta = runner.prepare(engine.scheduler.schedule().scheduled, engine.kv)
+    inputs = runner.prepare_inputs(engine.scheduler.schedule().scheduled, engine.kv)
+    ids, meta = inputs.input_ids, inputs.meta
+    runner.backend.plan(meta)
 
     def step_with(backend):
         def step(ids):
