@@ -17,11 +17,14 @@ class Verdict:
 
     correct: bool
     why: str
+    answered: bool = True  # False: the learner has not replaced the placeholder ``None`` yet
 
     def __bool__(self) -> bool:
         return self.correct
 
     def __str__(self) -> str:
+        if not self.answered:
+            return "not answered yet: " + self.why
         return ("right: " if self.correct else "wrong: ") + self.why
 
     def _repr_pretty_(self, p, cycle) -> None:  # IPython display: the sentence, not the dataclass
@@ -36,9 +39,13 @@ class Exercise:
     question: str
     _solution: Any = field(repr=False)
     _diagnose: Callable[[Any], Verdict] = field(repr=False)
+    hint: str = ""  # what ``check(None)`` says: where to start, never the answer
 
     def check(self, answer: Any) -> Verdict:
-        """Whether ``answer`` is right, and why (a wrong answer gets a hint, not the solution)."""
+        """Whether ``answer`` is right, and why (a wrong answer gets a hint, not the solution).
+        ``None`` (the placeholder a notebook starts with) is "not answered yet" plus the hint."""
+        if answer is None and self.hint:
+            return Verdict(False, self.hint, answered=False)
         return self._diagnose(answer)
 
     def solution(self) -> Any:

@@ -1,0 +1,131 @@
+"""Operator counting and step profiling on tiny models built from configs (no download, no mocks)."""
+
+from __future__ import annotations
+
+import pytest
+
+from minirunner import LLM, SamplingParams
+from minirunner.profiling import (
+    BACKEND,
+    OUTSIDE,
+    calibrate_eager,
+    measure_decode_steps,
+    measure_op_overhead,
+    record_decode_step,
+    replay_times,
+    write_overhead_twin,
+)
+from tests.tiny_models import make_tiny_model
+
+# Operators each fixed part dispatches, derived by reading minirunner/model/*.py (not by running it):
+#  RMSNorm: x.float() (to), pow, mean, + eps (add), rsqrt, x * (mul), .to(dtype) (to), weight * (mul)
+#    -> 8; a `to` is dispatched even when the dtype is already right.
+#  a projection: one linear; the q/k/v views are Attention.forward's own (3 views).
+#  apply_rotary on q and on k: slice, neg, slice, cat, mul (x*cos), mul (rotated*sin), add -> 7 each.
+#  Attention.forward's own: 3 views + 2 x 7 rotary + 1 view for out.reshape -> 18.
+#  MLP's own: silu, mul (its three linears are its submodules); DecoderLayer's own: two residual adds.
+#  RotaryEmbedding (once per step): positions.float() (to), [:, None] (unsqueeze), inv_freq[None, :]
+#    (unsqueeze), mul, cat, cos, to, [:, None, :] (unsqueeze; full slices dispatch nothing), sin, to,
+#    unsqueeze -> 11.
+#  embed_tokens: one embedding; lm_head: one linear.
+RMSNORM = 8
+PER_MODULE = {
+    "input_layernorm": RMSNORM, "post_attention_layernorm": RMSNORM,
+    "self_attn.q_proj": 1, "self_attn.k_proj": 1, "self_attn.v_proj": 1, "self_attn.o_proj": 1,
+    "self_attn": 18, "mlp": 2, "mlp.gate_proj": 1, "mlp.up_proj": 1, "mlp.down_proj": 1, "": 2,
+}
+QK_NORM = {"self_attn.q_norm": RMSNORM, "self_attn.k_norm": RMSNORM}
+ONCE = {"model.embed_tokens": 1, "rotary": 11, "model.norm": RMSNORM, "lm_head": 1}
+
+
+def _llm(path, **kw):
+    return LLM(model=str(path), dtype="float32", device="cpu", attention_backend="torch",
+               max_num_seqs=8, **kw)
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama"])
+def tiny(request, tmp_path_factory):
+    path, _ = make_tiny_model(tmp_path_factory.mktemp(request.param), request.param)
+    return request.param, path
+
+
+def _expected(name: str, num_layers: int = 2) -> dict[str, int]:
+    per_layer = {**PER_MODULE, **(QK_NORM if name == "qwen3" else {})}
+    out = dict(ONCE)
+    for i in range(num_layers):
+        for mod, n in per_layer.items():
+            out[f"model.layers.{i}" + (f".{mod}" if mod else "")] = n
+    return out
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_operator_count_equals_the_hand_count(tiny, batch_size):
+    name, path = tiny
+    count = record_decode_step(_llm(path), batch_size=batch_size)
+    expected = _expected(name)
+    fixed = {k: v for k, v in count.by_module.items() if not k.startswith(BACKEND) and k != OUTSIDE}
+    assert fixed == expected
+    # every operator is accounted for: the fixed parts, the attention backend, the runner around them
+    assert count.total == sum(expected.values()) + count.attention_backend + count.outside_model
+    assert count.attention_backend > 0 and count.outside_model > 0
+    per_layer = count.by_layer
+    assert list(per_layer) == [0, 1] and per_layer[0] == per_layer[1]
+    assert per_layer[0] == sum(v for k, v in expected.items() if k.startswith("model.layers.0")) + \
+        count.attention_backend // 2
+
+
+def test_fixed_parts_do_not_grow_with_the_batch(tiny):
+    _, path = tiny
+    llm = _llm(path)
+    small, large = record_decode_step(llm, 1), record_decode_step(llm, 6)
+    fixed = lambda c: c.total - c.attention_backend - c.outside_model  # noqa: E731
+    assert fixed(small) == fixed(large)
+    assert large.under("model.layers.0.mlp") == small.under("model.layers.0.mlp") == 5
+
+
+def test_profiling_leaves_the_engine_idle_and_its_output_unchanged(tmp_path):
+    path, _ = make_tiny_model(tmp_path, "qwen3")
+    prompts = [[5, 6, 7, 8, 9], [11, 12, 13]]
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    fresh = [o.outputs[0].token_ids for o in _llm(path).generate(prompts, greedy, use_tqdm=False)]
+    llm = _llm(path, enable_prefix_caching=True)
+    users = llm.engine.add_request([3, 4, 5], greedy)  # finished but not collected yet: must survive
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
+    replay_times(record_decode_step(llm, 2, keep_args=True), passes=2)  # replays write the KV cache
+    measure_decode_steps([llm], [1, 2], num_steps=2)
+    assert not llm.engine.has_unfinished_requests() and list(llm.engine.requests) == [users]
+    assert len(llm.engine.pop_finished(users).outputs[0].token_ids) == 12
+    llm.engine.block_pool.check_invariants()
+    after = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+    assert after == fresh
+
+
+def test_overhead_twin_dispatches_the_same_operators(tmp_path):
+    path, _ = make_tiny_model(tmp_path, "qwen3")
+    twin_dir = write_overhead_twin(path, tmp_path / "twin", width=4)
+    real = record_decode_step(_llm(path), 2)
+    twin = record_decode_step(_llm(twin_dir), 2)
+    assert [(r.name, r.where) for r in real.records] == [(r.name, r.where) for r in twin.records]
+    cal = calibrate_eager(_llm(path), _llm(twin_dir), batch_size=2, rounds=2, steps_per_round=1)
+    assert cal.num_ops == real.total == len(cal.kernel_times)
+    assert all(k >= 0 for k in cal.kernel_times)
+    assert cal.host_per_op > 0 and cal.measured_step > 0
+
+
+def test_bad_profiling_requests_are_refused(tmp_path):
+    path, _ = make_tiny_model(tmp_path, "llama")
+    llm = _llm(path)
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        record_decode_step(llm, batch_size=9)
+    with pytest.raises(ValueError, match="keep_args"):
+        replay_times(record_decode_step(llm, 1))
+    llm.engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="idle engine"):
+        record_decode_step(llm, 1)
+
+
+def test_op_overhead_is_reported_per_operator():
+    overhead = measure_op_overhead(reps=50, repeats=3)
+    assert set(overhead) == {"add", "mul", "view", "linear", "to(float64)"}
+    assert all(0 < t < 1e-2 for t in overhead.values())
