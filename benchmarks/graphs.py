@@ -96,7 +96,8 @@ def stage_profile(llm: LLM, steps: int) -> dict:
     total = statistics.median(t.duration_s for t in engine.trace)
     stages = {k: 1e3 * statistics.median(v) for k, v in sink.items()}
     stages["engine_step_total"] = 1e3 * total
-    stages["other_engine_work"] = stages["engine_step_total"] - sum(
+    stages["bucket_size"] = engine.trace[-1].bucket_size
+    stages["other_engine_work"] = stages["engine_step_total"] - sum(  # medians: an estimate
         stages[k] for k in ("schedule", "prepare_inputs", "run", "postprocess"))
     for request_id in list(engine.requests):
         engine.abort_request(request_id)
@@ -109,12 +110,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40, help="timed decode steps per engine and batch")
     ap.add_argument("--warmup", type=int, default=3, help="untimed decode steps first (compiles)")
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    ap.add_argument("--max-model-len", type=int, default=None,
+                    help="the block tables' full width (default: the model's 256); a graph step attends "
+                         "over all of it with the torch backend")
     ap.add_argument("--out", default="benchmarks/results/graphs_cpu.json")
     args = ap.parse_args()
     ladder = sorted(set(args.batches))
-    kw = dict(device="cpu", max_num_seqs=max(ladder), cudagraph_capture_sizes=ladder)
+    kw = dict(device="cpu", max_num_seqs=max(ladder), cudagraph_capture_sizes=ladder,
+              max_model_len=args.max_model_len)
     engines = {"none": LLM(graph_mode="none", **kw), "compile": LLM(graph_mode="compile", **kw)}
-    report = dict(environment=environment(), command=f"python benchmarks/graphs.py --steps {args.steps}",
+    command = f"python benchmarks/graphs.py --steps {args.steps} --batches {' '.join(map(str, args.batches))}"
+    if args.max_model_len:
+        command += f" --max-model-len {args.max_model_len}"
+    report = dict(environment=environment(), command=command, max_model_len=args.max_model_len,
                   note="medians of interleaved steps on a shared, noisy machine; ratios are the figure",
                   batches={})
     for b in args.batches:
