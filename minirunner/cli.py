@@ -80,8 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", formatter_class=fmt, help="benchmark a seeded workload (optionally side by side)",
         description="Run a seeded workload (greedy, EOS ignored) and print throughput, TTFT and time per "
                     "output token (p50/p99), peak concurrent sequences, KV utilisation, preemptions and "
-                    "prefix-cache hits. --compare runs transformers generate or a contiguous KV layout "
-                    "on the same prompts in the same run.")
+                    "prefix-cache hits. --compare runs transformers generate (on a CPU with one thread and "
+                    "with torch's default, keeping the faster) or a contiguous KV layout on the same "
+                    "prompts in the same run.")
     bench.add_argument("--workload", default="nano", choices=WORKLOADS,
                        help="nano: uniform lengths (nano-vllm's bench); sharegpt / alpaca: the vLLM "
                             "paper's length means scaled to max_model_len; fixed: --input-len/--output-len")

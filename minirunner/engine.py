@@ -1,12 +1,14 @@
 """LLMEngine: the loop — admit requests, schedule a step, run it, append tokens, finish, report.
 
 Owns request validation at admission, the per-step trace, stop conditions (EOS, max_tokens,
-max_model_len, stop strings) and detokenisation. A request refused at admission raises ValueError and
-leaves every other request untouched.
+max_model_len, stop strings) with incremental detokenisation, n > 1 groups, logprobs collection and
+outputs. A request refused at admission raises ValueError and leaves every other request untouched; an
+abort frees only that request's blocks.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import random
@@ -19,11 +21,15 @@ import torch
 
 from minirunner.attention import get_backend_class, resolve_backend_name
 from minirunner.config import EngineConfig, ModelConfig
+from minirunner.detokenizer import IncrementalDetokenizer
 from minirunner.kv.contiguous import ContiguousKVManager
 from minirunner.kv.manager import KVCacheManager
+from minirunner.logprobs import collect_step_logprobs
+from minirunner.memory_profile import profile_kv_budget
 from minirunner.model.loader import load_model
-from minirunner.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from minirunner.request import Request, RequestStatus
+from minirunner.outputs import RequestOutput, build_request_output
+from minirunner.parallel_sampling import child_id, child_seed, fork_children
+from minirunner.request import Request
 from minirunner.runner import ModelRunner, StepGraphInfo
 from minirunner.sampling_params import SamplingParams
 from minirunner.scheduler import Scheduler
@@ -95,7 +101,7 @@ class LLMEngine:
             config.block_size, config.device, config.dtype)
         if config.kv_layout == "paged":
             self.kv = KVCacheManager(self.num_kv_blocks, config.block_size,
-                                     config.enable_prefix_caching)
+                                     config.enable_prefix_caching, _cache_salt(config, mc))
         else:
             self.kv = ContiguousKVManager(self.num_kv_blocks, config.block_size, config.max_model_len,
                                           exact=config.kv_layout == "contiguous_exact")
@@ -109,7 +115,9 @@ class LLMEngine:
 
             self.runner.enable_graphs(config.graph_mode,
                                       capture_sizes(config.max_num_seqs, config.cudagraph_capture_sizes))
-        self.requests: dict[str, Request] = {}
+        self.requests: dict[str, Request] = {}  # every live completion, by its own id
+        self.groups: dict[str, list[Request]] = {}  # add_request's id -> its n completions
+        self._token_text: dict[int, str] = {}
         self._ids = itertools.count()
         # The most recent steps only, so a long-lived engine does not grow without bound.
         self.trace: deque[StepTrace] = deque(maxlen=TRACE_MAX_STEPS)
@@ -126,9 +134,10 @@ class LLMEngine:
         if cfg.kv_cache_memory_bytes is not None:
             budget, source = cfg.kv_cache_memory_bytes, "kv_cache_memory_bytes"
         elif cfg.device.type == "cuda":
-            free, _total = torch.cuda.mem_get_info(cfg.device)
-            budget = int(free * cfg.gpu_memory_utilization)
-            source = f"gpu_memory_utilization={cfg.gpu_memory_utilization} of free GPU memory"
+            # vLLM's rule: total x utilisation - the peak of a profiling forward at the largest batch.
+            budget = profile_kv_budget(self.model, cfg, mc)
+            source = (f"gpu_memory_utilization={cfg.gpu_memory_utilization} of total GPU memory "
+                      "minus the profiled peak")
         else:
             per_seq = -(-cfg.max_model_len // cfg.block_size) * block_bytes
             budget = min(_DEFAULT_CPU_KV_BYTES, per_seq * cfg.max_num_seqs)
@@ -174,6 +183,7 @@ class LLMEngine:
         bad = [t for t in token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        self._check_params(params)
         max_len = max_model_len if params.max_tokens is None else min(
             max_model_len, len(token_ids) + params.max_tokens)
         need = self.kv.reservation_blocks(max_len)
@@ -182,44 +192,95 @@ class LLMEngine:
                              f"max_tokens {params.max_tokens}) but the pool has only "
                              f"{self.num_kv_blocks}: lower max_tokens or enlarge the KV budget")
         request_id = str(next(self._ids)) if request_id is None else request_id
-        if request_id in self.requests:
+        ids = [child_id(request_id, i) for i in range(params.n)]
+        if request_id in self.groups or any(i in self.requests for i in ids):
             raise ValueError(f"request id {request_id!r} is already in use")
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        request = Request(request_id, token_ids, params, seed, max_len,
-                          frozenset() if params.ignore_eos else self.eos_token_ids,
-                          prompt=prompt if isinstance(prompt, str) else None)
-        self.requests[request_id] = request
-        self.scheduler.add(request)
+        group = [Request(cid, token_ids, params, child_seed(seed, i), max_len,
+                         frozenset() if params.ignore_eos else self.eos_token_ids,
+                         prompt=prompt if isinstance(prompt, str) else None,
+                         group_id=request_id, index=i) for i, cid in enumerate(ids)]
+        for request in group:
+            if self.tokenizer is not None:
+                request.detok = IncrementalDetokenizer(
+                    self.tokenizer, params.skip_special_tokens, params.stop,
+                    params.include_stop_str_in_output, params.min_tokens)
+            if params.logprobs is not None:
+                request.logprobs, request.cumulative_logprob = [], 0.0
+            self.requests[request.request_id] = request
+        if params.prompt_logprobs is not None:
+            group[0].prompt_logprobs = [None]
+        group[0].fork_children = group[1:]
+        self.groups[request_id] = group
+        self.scheduler.add(group[0])
         return request_id
 
+    def _check_params(self, params: SamplingParams) -> None:
+        """The checks that need the model: token ids in the vocabulary, a tokenizer for stop strings."""
+        vocab = self.model_config.vocab_size
+        bad = sorted(t for t in (params.logit_bias or {}) if t >= vocab)
+        if bad:
+            raise ValueError(f"logit_bias names token ids {bad[:5]} outside the vocabulary "
+                             f"[0, {vocab}): use ids of this model's tokenizer")
+        bad = sorted(t for t in params.stop_token_ids if t >= vocab)
+        if bad:
+            raise ValueError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer but this model directory has none: use "
+                             "stop_token_ids instead")
+        if params.n > 1 and self.config.kv_layout != "paged":
+            raise ValueError(f"n={params.n} completions share the prompt's KV blocks, which a contiguous "
+                             "reservation cannot: use kv_layout='paged', or n=1")
+        if params.n > self.config.max_num_seqs:
+            raise ValueError(f"n={params.n} completions cannot run together with max_num_seqs="
+                             f"{self.config.max_num_seqs}: lower n or raise max_num_seqs")
+
     def abort_request(self, request_id: str) -> None:
-        request = self.requests.get(request_id)
-        if request is None or request.is_finished:
-            return
-        self._finish(request)
-        request.finish("abort")
+        """Abort a request (every completion of a group id, or one completion by its own id): only
+        its blocks are freed; full blocks it computed stay in the prefix cache."""
+        group = self.groups.get(request_id)
+        targets = group if group is not None else [self.requests.get(request_id)]
+        for request in targets:
+            if request is None or request.is_finished:
+                continue
+            self._free(request)
+            request.finish("abort")
+            if request.detok is not None:
+                request.detok.finish()
 
     def abort_all(self, request_ids) -> None:
-        """Abort and forget these requests after a failed step. Full blocks are registered in the
-        prefix cache when their step is scheduled, so a step that raised may have left cached blocks
-        whose K/V was never written: drop every cached block nobody holds."""
+        """Abort and forget these requests (a stream left early, or an error in the caller). Only
+        their blocks are freed; what a failed step may have half-written was dropped by that step."""
         for rid in request_ids:
             self.abort_request(rid)
+            for request in self.groups.pop(rid, []):
+                self.requests.pop(request.request_id, None)
             self.requests.pop(rid, None)
-        self.block_pool.reset_prefix_cache()
+
+    def _free(self, request: Request) -> None:
+        """Free a finished or aborted request's blocks and its runner state."""
+        self.scheduler.finish(request)
+        self.runner.logits_processors.release(request.request_id)
+        self.runner.free_request(request.request_id)
+
+    def _step_failed(self, sched) -> None:
+        """The step raised mid-forward: blocks it registered in the prefix cache may hold half-written
+        K/V, so forget their keys, and abort the requests it ran (their K/V is in an unknown state)."""
+        self.kv.drop_step_cache()
+        for s in sched.scheduled:
+            if not s.request.is_finished:
+                self._free(s.request)
+                s.request.finish("abort")
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
     # -- the loop -------------------------------------------------------------------------------
-    def _finish(self, request: Request) -> None:
-        self.scheduler.finish(request)
-        self.runner.free_request(request.request_id)
-
     def step(self) -> list[tuple[Request, list[int]]]:
         """Run one engine step. Returns (request, tokens appended this step) for every request that
         produced a token or finished."""
         t0 = time.perf_counter()
+        self.kv.begin_step()
         sched = self.scheduler.schedule()
         for request_id in sched.preempted:
             self.runner.free_request(request_id)
@@ -228,43 +289,73 @@ class LLMEngine:
         occupancy = None
         self.runner.last_step = StepGraphInfo()
         if sched.scheduled:
-            tokens, logits = self.runner.execute(sched.scheduled, self.kv)
+            try:
+                copies = self.kv.take_copies()  # copy-on-write of shared blocks, before any write
+                self.runner.copy_blocks([c[0] for c in copies], [c[1] for c in copies])
+                tokens, logits = self.runner.execute(sched.scheduled, self.kv)
+            except BaseException:
+                self._step_failed(sched)
+                raise
+            self._collect_logprobs(sched.scheduled)
             sampling = [s for s in sched.scheduled if s.samples]
             for s in sched.scheduled:
                 s.request.num_computed_tokens += s.num_new_tokens
             if self.keep_logits and logits is not None:
                 self.last_logits = {s.request.request_id: logits[i] for i, s in enumerate(sampling)}
-            occupancy = self._occupancy()  # the step's peak: before finished requests free blocks
+            done = []
             for s, token in zip(sampling, tokens, strict=True):
                 request = s.request
                 request.append_token(token)
+                if request.fork_children:
+                    fork_children(request, self.kv, self.scheduler)
                 if self._check_stop(request, token):
-                    self._finish(request)
+                    done.append(request)
                     finished.append(request.request_id)
                 produced.append((request, [token]))
+            occupancy = self._occupancy()  # the step's peak: before finished requests free blocks
+            for request in done:
+                self._free(request)
         self._record(sched, finished, occupancy or self._occupancy(), len(produced),
                      time.perf_counter() - t0)
         return produced
 
     def _check_stop(self, request: Request, token: int) -> bool:
+        """vLLM's rules: before min_tokens only the length limit ends a request; EOS ends it with
+        stop_reason None, a stop token id with the id (neither token's text is added unless
+        include_stop_str_in_output), a stop string with the string."""
         params = request.params
-        if token in request.eos_token_ids or token in params.stop_token_ids:
-            request.finish("stop", token)
-        elif params.stop and self.tokenizer is not None:
-            text = self.decode(request.output_token_ids)
-            hits = [(text.find(s), s) for s in params.stop if s in text]
-            if hits:
-                pos, stop = min(hits)
-                request.output_text = text[:pos]
-                request.finish("stop", stop)
-        if not request.is_finished and request.num_tokens >= request.max_len:
-            request.finish("length")
+        detok = request.detok
+        past_min = len(request.output_token_ids) >= params.min_tokens
+        stop_string = None
+        if past_min and (token in request.eos_token_ids or token in params.stop_token_ids):
+            if detok is not None and params.include_stop_str_in_output:
+                detok.append(token)
+            request.finish("stop", None if token in request.eos_token_ids else token)
+        else:
+            stop_string = detok.append(token) if detok is not None else None
+            if stop_string is not None:
+                request.finish("stop", stop_string)
+            elif request.num_tokens >= request.max_len:
+                request.finish("length")
+        if request.is_finished and detok is not None:
+            detok.finish(stopped_by_string=stop_string is not None)
         return request.is_finished
 
-    def decode(self, token_ids: list[int]) -> str:
+    def take_text_delta(self, request: Request) -> str:
+        """Text of ``request`` not streamed yet that can never be taken back (see detokenizer.py)."""
+        return request.detok.take_delta() if request.detok is not None else ""
+
+    def _decode_token(self, token_id: int) -> str | None:
         if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+            return None
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+    def _collect_logprobs(self, scheduled) -> None:
+        collect_step_logprobs(self.requests, scheduled, self.runner.last_prompt_logprobs,
+                              self.runner.last_logprobs, self._decode_token)
 
     def _occupancy(self) -> dict:
         """Blocks and KV slots in use now, and (with trace_block_tables) every block table."""
@@ -306,30 +397,27 @@ class LLMEngine:
         self._steps += 1
 
     # -- outputs --------------------------------------------------------------------------------
+    def group_finished(self, group_id: str) -> bool:
+        """Have all n completions of this request finished? (False once its output was popped.)"""
+        group = self.groups.get(group_id)
+        return group is not None and all(r.is_finished for r in group)
+
     def make_output(self, request: Request) -> RequestOutput:
-        if not (request.finish_reason == "stop" and isinstance(request.stop_reason, str)):
-            request.output_text = self.decode(request.output_token_ids)
-        ttft = decode = e2e = None
-        if request.first_token_time is not None:
-            ttft = request.first_token_time - request.arrival_time
-        if request.finish_time is not None:
-            e2e = request.finish_time - request.arrival_time
-            if request.first_token_time is not None:
-                decode = request.finish_time - request.first_token_time
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt=request.prompt,
-            prompt_token_ids=list(request.prompt_token_ids),
-            outputs=[CompletionOutput(0, request.output_text, list(request.output_token_ids),
-                                      request.finish_reason, request.stop_reason)],
-            finished=request.status == RequestStatus.FINISHED,
-            metrics=RequestMetrics(ttft, decode, e2e, request.num_preemptions,
-                                   request.num_cached_tokens),
-        )
+        """The RequestOutput of the group ``request`` belongs to (its n completions, in index order)."""
+        return build_request_output(self.groups.get(request.group_id) or [request])
 
     def pop_finished(self, request_id: str) -> RequestOutput:
-        """The output of a finished request, forgetting the request."""
-        return self.make_output(self.requests.pop(request_id))
+        """The output of a finished request (the id add_request returned), forgetting the request."""
+        group = self.groups.pop(request_id, None) or [self.requests[request_id]]
+        for r in group:
+            self.requests.pop(r.request_id, None)
+        return build_request_output(group)
+
+
+def _cache_salt(config: EngineConfig, model_config: ModelConfig) -> bytes:
+    """What makes K/V of equal tokens differ between engines: the model and the KV dtype."""
+    text = f"{Path(config.model).resolve()}|{model_config}|{config.dtype}"
+    return hashlib.sha256(text.encode()).digest()
 
 
 def _configure_cpu_threads(config: EngineConfig, model_config: ModelConfig) -> int:

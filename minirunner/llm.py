@@ -113,10 +113,13 @@ class LLM:
         submitted = self._submit(prompts, sampling_params)
         ids = [s for s in submitted if isinstance(s, str)]
         bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
+        done: set[str] = set()
         try:
             while self.engine.has_unfinished_requests():
                 for request, _ in self.engine.step():
-                    if request.is_finished:
+                    gid = request.group_id
+                    if gid not in done and self.engine.group_finished(gid):
+                        done.add(gid)
                         bar.update(1)
         except BaseException:
             self.engine.abort_all(ids)  # leave the engine clean for the next call
@@ -128,29 +131,31 @@ class LLM:
     def stream(self, prompts: Prompt | list[Prompt],
                sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                ) -> Iterator[StreamChunk]:
-        """Yield each request's new tokens as the engine produces them (one chunk per request per
-        step); a request's last chunk has ``finished=True`` and carries its RequestOutput."""
+        """Yield each completion's new tokens and text as the engine produces them (one chunk per
+        completion per step). Text is held back while it may still become a stop string or is an
+        incomplete character, so a completion's chunks concatenate to exactly its final text. A
+        completion's last chunk has ``finished=True``; the chunk that finishes a prompt's last
+        completion carries the RequestOutput."""
         submitted = self._submit(prompts, sampling_params)
         index = {s: i for i, s in enumerate(submitted) if isinstance(s, str)}
         for i, s in enumerate(submitted):
             if not isinstance(s, str):
                 yield StreamChunk(s.request_id, i, [], "", True, "error", s)
-        sent_text = {rid: "" for rid in index}
+        engine = self.engine
         try:
-            while self.engine.has_unfinished_requests():
-                for request, new_tokens in self.engine.step():
-                    rid = request.request_id
-                    text = self.engine.decode(request.output_token_ids)
-                    if request.is_finished:
-                        output = self.engine.pop_finished(rid)
-                        text = output.outputs[0].text
-                    delta = text[len(sent_text[rid]):] if text.startswith(sent_text[rid]) else ""
-                    sent_text[rid] = text
-                    yield StreamChunk(rid, index[rid], new_tokens, delta, request.is_finished,
-                                      request.finish_reason,
-                                      output if request.is_finished else None)
+            while engine.has_unfinished_requests():
+                produced = engine.step()
+                last = {request.group_id: i for i, (request, _) in enumerate(produced)}
+                for i, (request, new_tokens) in enumerate(produced):
+                    gid = request.group_id
+                    delta = engine.take_text_delta(request)
+                    output = None
+                    if last[gid] == i and engine.group_finished(gid):
+                        output = engine.pop_finished(gid)
+                    yield StreamChunk(gid, index[gid], new_tokens, delta, request.is_finished,
+                                      request.finish_reason, output, request.index)
         finally:  # a consumer that stops early (or an error) aborts what is left
-            left = [rid for rid in index if rid in self.engine.requests]
+            left = [rid for rid in index if rid in self.engine.groups]
             if left:
                 self.engine.abort_all(left)
 

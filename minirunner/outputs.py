@@ -1,8 +1,21 @@
-"""What the engine hands back: RequestOutput / CompletionOutput (vLLM's shape) and per-request metrics."""
+"""What the engine hands back: RequestOutput / CompletionOutput (vLLM's shape) and per-request metrics.
+
+Owns the output dataclasses and building one RequestOutput from a request's n completions; never
+changes a request.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minirunner.logprobs import Logprob
+    from minirunner.request import Request
+
+# vLLM's shapes: one {token id: Logprob} per token; prompt logprobs start with None (first token).
+SampleLogprobs = list[dict[int, "Logprob"]]
+PromptLogprobs = list[dict[int, "Logprob"] | None]
 
 
 @dataclass
@@ -18,11 +31,17 @@ class RequestMetrics:
 
 @dataclass
 class CompletionOutput:
+    """One of a request's n completions. stop_reason: the stop string or stop token id that ended
+    it; None for EOS, length and abort (as vLLM). logprobs / cumulative_logprob: None unless the
+    request asked for logprobs."""
+
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None  # "stop" | "length" | "abort" | "error" | None while running
     stop_reason: str | int | None = None
+    logprobs: SampleLogprobs | None = None
+    cumulative_logprob: float | None = None
 
 
 @dataclass
@@ -34,6 +53,8 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     error: str | None = None  # set when the request was refused (finish_reason "error")
+    prompt_logprobs: PromptLogprobs | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
 
 
 @dataclass
@@ -44,6 +65,37 @@ class StreamChunk:
     index: int  # position of the prompt in the submitted list
     new_token_ids: list[int]
     new_text: str
-    finished: bool
+    finished: bool  # this completion is done
     finish_reason: str | None = None
-    output: RequestOutput | None = field(default=None, repr=False)  # set once finished
+    output: RequestOutput | None = field(default=None, repr=False)  # set once all n are finished
+    output_index: int = 0  # which of the prompt's n completions (CompletionOutput.index)
+
+
+def build_request_output(group: list[Request]) -> RequestOutput:
+    """A RequestOutput from a request's completions (group[0] computed the prompt)."""
+    first = group[0]
+    completions = []
+    for r in group:
+        text = r.detok.output_text if r.detok is not None else ""
+        r.output_text = text
+        completions.append(CompletionOutput(r.index, text, list(r.output_token_ids), r.finish_reason,
+                                            r.stop_reason, r.logprobs, r.cumulative_logprob))
+    ttft = decode = e2e = None
+    if first.first_token_time is not None:
+        ttft = first.first_token_time - first.arrival_time
+    ends = [r.finish_time for r in group]
+    if None not in ends:
+        e2e = max(ends) - first.arrival_time
+        if first.first_token_time is not None:
+            decode = max(ends) - first.first_token_time
+    return RequestOutput(
+        request_id=first.group_id or first.request_id,
+        prompt=first.prompt,
+        prompt_token_ids=list(first.prompt_token_ids),
+        outputs=completions,
+        finished=all(r.is_finished for r in group),
+        metrics=RequestMetrics(ttft, decode, e2e, sum(r.num_preemptions for r in group),
+                               first.num_cached_tokens),
+        prompt_logprobs=first.prompt_logprobs,
+        num_cached_tokens=first.num_cached_tokens,
+    )

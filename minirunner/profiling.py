@@ -247,11 +247,16 @@ def measure_op_overhead(reps: int = 2000, repeats: int = 7) -> dict[str, float]:
 
 
 def measure_decode_steps(llms: Sequence, batch_sizes: Sequence[int] = (1, 8, 32), num_steps: int = 20,
-                         prompt_len: int = 16, warmup: int = 2) -> list[dict[int, float]]:
-    """Median seconds of an eager decode-only engine step, per batch size, for each engine in ``llms``.
+                         prompt_len: int = 16, warmup: int = 2,
+                         clock: Callable[[], float] = time.perf_counter,
+                         statistic: Callable[[list[float]], float] = statistics.median,
+                         ) -> list[dict[int, float]]:
+    """Seconds of an eager decode-only engine step (the median of ``num_steps``, or ``statistic``), per
+    batch size, for each engine in ``llms``.
 
     The engines step in turn (one step of each, then the next round), so on a noisy machine they see the
-    same load and their ratio is fair. Returns one {batch_size: median seconds} per engine.
+    same load and their ratio is fair. ``clock=time.thread_time`` counts CPU time of this thread only
+    (a CPU engine; on a GPU keep wall time). Returns one {batch_size: seconds} per engine.
     """
     engines = [_engine(x) for x in llms]
     result: list[dict[int, float]] = [{} for _ in engines]
@@ -262,15 +267,15 @@ def measure_decode_steps(llms: Sequence, batch_sizes: Sequence[int] = (1, 8, 32)
             samples: list[list[float]] = [[] for _ in engines]
             for i in range(warmup + num_steps):
                 for e, s in zip(engines, samples, strict=True):
-                    t0 = time.perf_counter()
+                    t0 = clock()
                     e.step()
-                    elapsed = time.perf_counter() - t0
+                    elapsed = clock() - t0
                     if e.trace[-1].num_decode_tokens != b or e.trace[-1].num_prefill_tokens:
                         raise RuntimeError("a timed step was not a full decode step")
                     if i >= warmup:
                         s.append(elapsed)
             for r, s in zip(result, samples, strict=True):
-                r[b] = statistics.median(s)
+                r[b] = statistic(s)
         finally:
             for e in engines:
                 _finish(e)
@@ -320,15 +325,17 @@ class EagerCalibration:
 
 
 def calibrate_eager(llm, twin_llm, batch_size: int = 1, rounds: int = 10, steps_per_round: int = 2,
-                    prompt_len: int = 16,
-                    clock: Callable[[], float] = time.perf_counter) -> EagerCalibration:
+                    prompt_len: int = 16, clock: Callable[[], float] = time.thread_time,
+                    statistic: Callable[[list[float]], float] = min) -> EagerCalibration:
     """Measure the inputs of the eager model of one decode step, and the step itself, side by side.
 
     ``twin_llm`` serves ``write_overhead_twin(...)`` of ``llm``'s model with the same engine settings.
     Each round replays both recorded steps once and times ``steps_per_round`` real steps of each
-    engine, so every figure sees the same load; the figures are medians over the rounds. ``clock``
-    may be ``time.thread_time`` (CPU time of this thread) so that, on a shared machine, time spent
-    descheduled in favour of other programs does not count.
+    engine, so every figure sees the same load. Each figure is the fastest of its samples (``statistic``
+    may be ``statistics.median`` instead): on a shared machine noise only ever adds time. The default
+    ``clock`` is ``time.thread_time``, the CPU time of this thread, so time spent descheduled in favour
+    of other programs does not count (pass ``time.perf_counter`` for wall time; at the small batches
+    calibrated here the step runs on this one thread).
     """
     engines = [_engine(llm), _engine(twin_llm)]
     try:
@@ -355,8 +362,8 @@ def calibrate_eager(llm, twin_llm, batch_size: int = 1, rounds: int = 10, steps_
     finally:
         for e in engines:
             _finish(e)
-    real_t, twin_t = ([statistics.median(s) for s in r] for r in replays)
+    real_t, twin_t = ([statistic(s) for s in r] for r in replays)
     kernels = tuple(max(0.0, a - b) for a, b in zip(real_t, twin_t, strict=True))
-    real_step, twin_step = statistics.median(steps[0]), statistics.median(steps[1])
+    real_step, twin_step = statistic(steps[0]), statistic(steps[1])
     return EagerCalibration(batch_size, real_ops.total, twin_step / twin_ops.total, kernels,
                             real_step, twin_step)

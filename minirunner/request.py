@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -43,12 +44,21 @@ class Request:
     first_token_time: float | None = None
     finish_time: float | None = None
     # prompt + output token ids in one preallocated int64 array of max_len entries (valid up to
-    # num_tokens): the runner slices it each step instead of concatenating lists.
+    # num_tokens): the runner slices it each step instead of concatenating lists. Output tokens are
+    # added only through append_token, which keeps it and output_token_ids in step.
     token_buffer: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.token_buffer = np.zeros(max(self.max_len, len(self.prompt_token_ids)), dtype=np.int64)
         self.token_buffer[:len(self.prompt_token_ids)] = self.prompt_token_ids
+    # vLLM-shaped extras (issue 12): filled by the engine, read by make_output.
+    group_id: str = ""  # the id add_request returned; its n completions share it
+    index: int = 0  # which of the group's n completions this is
+    detok: Any = None  # IncrementalDetokenizer, or None without a tokenizer
+    fork_children: list = field(default_factory=list)  # completions 1..n-1, forked after the prompt
+    logprobs: list | None = None  # per output token: {token id: Logprob}
+    prompt_logprobs: list | None = None  # per prompt token: None for the first, then {id: Logprob}
+    cumulative_logprob: float | None = None
 
     @property
     def all_token_ids(self) -> list[int]:

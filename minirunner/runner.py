@@ -29,6 +29,8 @@ from minirunner.attention.base import AttentionBackend
 from minirunner.graphs import DecodeGraphs
 from minirunner.kv.block_table import BlockTable
 from minirunner.kv.manager import KVCacheManager
+from minirunner.logits_processing import LogitsProcessors, apply_logits_processors
+from minirunner.logprobs import TokenLogprobs, score_prompts, score_tokens
 from minirunner.model.decoder import DecoderLM
 from minirunner.request import Request
 from minirunner.scheduler import ScheduledRequest
@@ -42,7 +44,8 @@ class StepInputs:
 
     input_ids: int64 [num_tokens]; logits_indices: int64 [num_sampling] (the flat rows whose logits are
     computed: the last query row of every request that samples); sample_rows: the sampling requests'
-    state rows (host); sample_positions: int64 [num_sampling] (position of the token being sampled).
+    state rows (host); sample_positions: int64 [num_sampling] (position of the token being sampled);
+    sample_requests: those requests, in order.
     """
 
     input_ids: torch.Tensor
@@ -50,6 +53,7 @@ class StepInputs:
     logits_indices: torch.Tensor
     sample_rows: np.ndarray
     sample_positions: torch.Tensor
+    sample_requests: list[Request]
 
 
 @dataclass(slots=True)
@@ -72,6 +76,7 @@ class _StateRows:
     def __init__(self, capacity: int, max_blocks: int):
         self.block_tables = np.zeros((capacity, max_blocks), dtype=np.int32)
         self.num_written = np.zeros(capacity, dtype=np.int64)
+        self.version = np.zeros(capacity, dtype=np.int64)
         self.temperature = np.zeros(capacity, dtype=np.float32)
         self.top_k = np.zeros(capacity, dtype=np.int64)
         self.top_p = np.ones(capacity, dtype=np.float32)
@@ -82,7 +87,7 @@ class _StateRows:
 
     def _grow(self) -> None:
         cap = len(self.table_of)
-        for name in ("block_tables", "num_written", "temperature", "top_k", "top_p", "seed"):
+        for name in ("block_tables", "num_written", "version", "temperature", "top_k", "top_p", "seed"):
             old = getattr(self, name)
             new = np.zeros((2 * cap, *old.shape[1:]), dtype=old.dtype)
             new[:cap] = old
@@ -104,8 +109,9 @@ class _StateRows:
             self.top_p[row] = p.top_p
             self.seed[row] = request.seed & _SEED_MASK
             self.table_of[row] = None
-        if self.table_of[row] is not table:  # new, or re-allocated after a preemption
-            self.table_of[row], self.num_written[row] = table, 0
+        if self.table_of[row] is not table or self.version[row] != table.version:
+            # new, re-allocated after a preemption, or an entry replaced (copy-on-write): rewrite
+            self.table_of[row], self.num_written[row], self.version[row] = table, 0, table.version
         done, blocks = self.num_written[row], table.blocks
         if len(blocks) > done:
             self.block_tables[row, done:len(blocks)] = blocks[done:]
@@ -150,6 +156,9 @@ class ModelRunner:
         self._static_meta: dict[int, AttentionMetadata] = {}
         self.graphs: DecodeGraphs | None = None
         self.last_step = StepGraphInfo()
+        self.logits_processors = LogitsProcessors(cfg.vocab_size, self.device)
+        self.last_logprobs: TokenLogprobs | None = None  # sampled rows, when any asked for logprobs
+        self.last_prompt_logprobs: dict[str, tuple[int, TokenLogprobs]] = {}
 
     def enable_graphs(self, mode: str, sizes: list[int]) -> DecodeGraphs:
         """Run decode batches that fit a bucket of ``sizes`` as one compiled ("compile") or captured
@@ -158,6 +167,17 @@ class ModelRunner:
         if mode == "cuda":
             self.graphs.capture(kind="greedy")
         return self.graphs
+
+    @torch.inference_mode()
+    def copy_blocks(self, src: list[int], dst: list[int]) -> None:
+        """Copy whole KV blocks src[i] -> dst[i] in every layer's cache (copy-on-write of a shared
+        block before its first write). src, dst: block ids, equal lengths."""
+        if not src:
+            return
+        s = torch.tensor(src, dtype=torch.int64, device=self.device)
+        d = torch.tensor(dst, dtype=torch.int64, device=self.device)
+        for cache in self.kv_caches:
+            cache[d] = cache[s]
 
     # -- buffers --------------------------------------------------------------------------------
     def _buffer(self, shape, dtype, fill: int = 0) -> torch.Tensor:
@@ -278,6 +298,7 @@ class ModelRunner:
             logits_indices=self._put(self.logits_indices, logits_rows),
             sample_rows=rows[samples],
             sample_positions=self._put(self.sample_positions, sample_positions),
+            sample_requests=[s.request for s, flag in zip(scheduled, samples, strict=True) if flag],
         )
 
     def _pad_decode(self, ids, positions, slots, seq_lens, sample_positions, rows: np.ndarray,
@@ -300,8 +321,11 @@ class ModelRunner:
 
     def graph_bucket(self, scheduled: list[ScheduledRequest]) -> int | None:
         """The bucket this step replays, or None (eager): only decode-only steps in which every request
-        samples (one new token each) and whose batch fits a bucket run as a graph step."""
-        if self.graphs is None or not all(s.num_new_tokens == 1 and s.samples for s in scheduled):
+        samples (one new token each), whose batch fits a bucket, and whose sampling needs nothing the
+        replay lacks (logit bias, min_tokens suppression, penalties, min_p and prompt logprobs are
+        applied on the host's per-request state: such steps run eager)."""
+        if self.graphs is None or not all(s.num_new_tokens == 1 and s.samples and _graph_ready(s.request)
+                                          for s in scheduled):
             return None
         return self.graphs.bucket(len(scheduled))
 
@@ -326,8 +350,10 @@ class ModelRunner:
         return self.model.compute_logits(hidden[inputs.logits_indices])
 
     def sample(self, logits: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
-        """One token per sampling request: int64 [num_sampling]. An all-greedy batch is one argmax; the
-        top-k/top-p sort runs only when some request in the batch asks for it."""
+        """One token per sampling request: int64 [num_sampling]. Logit bias, min_tokens, penalties and
+        min_p apply first (only when some request asks for them); an all-greedy batch is then one argmax,
+        and the top-k/top-p sort runs only when some request in the batch asks for it."""
+        logits = apply_logits_processors(logits, self.logits_processors.prepare(inputs.sample_requests))
         state, rows = self.state, inputs.sample_rows
         temps = state.temperature[rows]
         if not temps.any():
@@ -349,7 +375,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest], kv: KVCacheManager):
         """Run one step. Returns (token ids sampled for the requests whose step ``samples``, in order,
-        their fp32 logits [n, vocab] or None)."""
+        their fp32 logits [n, vocab] (raw: before penalties, bias and temperature) or None)."""
         bucket = self.graph_bucket(scheduled)
         inputs = self.prepare_inputs(scheduled, kv, bucket)
         if bucket is not None:
@@ -357,10 +383,30 @@ class ModelRunner:
             tokens, logits = self.graphs.run(bucket, self.sampler_kind(inputs.sample_rows))
             self.last_step = StepGraphInfo(self.graphs.mode, bucket, bucket - n)
             # The replay's outputs are overwritten by the next replay: the logits are copied out.
-            return self.postprocess(tokens[:n]), logits[:n].clone()
+            tokens, logits = tokens[:n], logits[:n].clone()
+            self.last_prompt_logprobs = {}
+            self._score_logprobs(logits, tokens, inputs)
+            return self.postprocess(tokens), logits
         self.last_step = StepGraphInfo()
         hidden = self.run_model(inputs)
+        self.last_prompt_logprobs = score_prompts(self.model, hidden, scheduled)
         if not len(inputs.sample_rows):
             return [], None
         logits = self.compute_logits(hidden, inputs)
-        return self.postprocess(self.sample(logits, inputs)), logits
+        tokens = self.sample(logits, inputs)
+        self.logits_processors.record(tokens)
+        self._score_logprobs(logits, tokens, inputs)
+        return self.postprocess(tokens), logits
+
+    def _score_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, inputs: StepInputs) -> None:
+        k = max((r.params.logprobs for r in inputs.sample_requests if r.params.logprobs is not None),
+                default=None)
+        self.last_logprobs = None if k is None else score_tokens(logits, tokens, k)
+
+
+def _graph_ready(request: Request) -> bool:
+    """Whether a request's next token can be sampled inside a graph step (temperature, top-k, top-p and
+    the seed are static buffers there; the logits processors' per-request state is not)."""
+    p = request.params
+    return not (p.logit_bias or p.has_penalties or p.min_p > 0 or p.prompt_logprobs is not None
+                or len(request.output_token_ids) < p.min_tokens)

@@ -13,8 +13,29 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
+usage() {
+    cat <<'USAGE'
+usage: scripts/gpu_check.sh [--dry-run | --help]
+
+One prepared GPU run (about 5 minutes on one H200): the gpu-marked tests and the kernel
+micro-benchmark, with a JSON report in $OUT (or a fresh temporary folder, printed, when OUT is unset).
+
+  (no option)  run it; needs a CUDA device
+  --dry-run    on any machine: imports, collection and the benchmark script on tiny CPU shapes
+               (Triton interpreter), to catch mistakes before spending GPU time
+  -h, --help   print this help and exit (starts nothing)
+
+Environment: OUT (report folder), PYTHON (interpreter, default python). Nothing is installed and
+nothing is downloaded; FlashInfer is used when `import flashinfer` works.
+USAGE
+}
 DRY=0
-if [ "${1:-}" = "--dry-run" ]; then DRY=1; fi
+case "${1:-}" in
+    -h|--help) usage; exit 0 ;;
+    --dry-run) DRY=1 ;;
+    "") ;;
+    *) echo "gpu_check: unknown option '$1'" >&2; usage >&2; exit 2 ;;
+esac
 REPORT_DIR="${OUT:-$(mktemp -d -t gpu_check.XXXXXX)}"
 mkdir -p "$REPORT_DIR"
 echo "gpu_check: report folder $REPORT_DIR"

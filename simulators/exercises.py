@@ -1,7 +1,8 @@
 """Seeded exercises with a checker: a question, a hidden solution, and a verdict that says why.
 
 Owns the ``Exercise``/``Verdict`` shapes every notebook uses; the topic modules build the questions.
-It never prints a solution unless asked to (``Exercise.solution()``, or a simulator's ``-c``).
+It never prints a solution unless asked to (``Exercise.solution()``, or the simulator command in
+``Exercise.command``), and an unanswered exercise is never called wrong.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Verdict:
-    """The checker's answer: right or wrong, and a sentence saying why."""
+    """The checker's answer: right, wrong, or not answered yet, and a sentence saying why."""
 
     correct: bool
     why: str
-    answered: bool = True  # False: the learner has not replaced the placeholder ``None`` yet
+    answered: bool = True
 
     def __bool__(self) -> bool:
         return self.correct
@@ -33,27 +34,49 @@ class Verdict:
 
 @dataclass
 class Exercise:
-    """One seeded question: ``check(answer)`` gives a Verdict, ``solution()`` reveals the answer."""
+    """One seeded question: ``check(answer)`` gives a Verdict, ``solution()`` reveals the answer.
+
+    ``check(None)`` (the notebooks' placeholder) says "not answered yet" with ``hint``.
+    ``command``, when set, is a simulator command line that prints this very problem; with ``-c``
+    it prints the solution too (the tests check that they agree for many seeds).
+    """
 
     seed: int
     question: str
     _solution: Any = field(repr=False)
     _diagnose: Callable[[Any], Verdict] = field(repr=False)
-    hint: str = ""  # what ``check(None)`` says: where to start, never the answer
+    hint: str = "work it out, put your answer in my_answer and run the cell again."
+    command: str | None = None
 
     def check(self, answer: Any) -> Verdict:
-        """Whether ``answer`` is right, and why (a wrong answer gets a hint, not the solution).
-        ``None`` (the placeholder a notebook starts with) is "not answered yet" plus the hint."""
-        if answer is None and self.hint:
+        """Whether ``answer`` is right, and why (a wrong answer gets a hint, not the solution)."""
+        if answer is None or (isinstance(answer, str) and not answer.strip()):
             return Verdict(False, self.hint, answered=False)
         return self._diagnose(answer)
 
     def solution(self) -> Any:
-        """The answer (the same one the simulator's ``-c`` flag prints for this seed)."""
+        """The answer. Where ``command`` is set, the same answer that command's ``-c`` prints."""
         return self._solution
 
     def __str__(self) -> str:
-        return f"Exercise (seed {self.seed})\n{self.question}"
+        text = f"Exercise (seed {self.seed})\n{self.question}"
+        if self.command:
+            text += f"\n(the same problem from a shell: {self.command}; add -c for the answer)"
+        return text
 
     def _repr_pretty_(self, p, cycle) -> None:
         p.text(str(self))
+
+
+def parse_int(answer: Any) -> int | None:
+    """An int from an int or a decimal/hex string ("0x1f"); None when it is neither."""
+    if isinstance(answer, bool):
+        return None
+    if isinstance(answer, int):
+        return answer
+    if isinstance(answer, str):
+        try:
+            return int(answer.strip(), 0)
+        except ValueError:
+            return None
+    return None

@@ -1,21 +1,23 @@
 """OS virtual memory, small enough to do by hand: page tables, TLBs and page-replacement policies.
 
-Owns linear and two-level page-table translation, page-table sizing, a TLB over an access trace,
-FIFO/LRU/OPT/CLOCK replacement, seeded OSTEP-style problems and the ``python -m simulators.paging``
-command line. Returns plain dataclasses; pure Python (never imports torch or numpy-heavy machinery).
+Owns linear and two-level page-table translation (valid and present bits), page-table sizing, a TLB
+over an access trace and FIFO/LRU/OPT/CLOCK replacement. Seeded problems live in
+``simulators.paging_problems``, the command line (``python -m simulators.paging``) in
+``simulators.paging_cli``. Returns plain dataclasses; pure Python (never imports torch or numpy).
 """
 
 from __future__ import annotations
 
-import argparse
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-
-from simulators.exercises import Exercise, Verdict
+from dataclasses import dataclass
 
 POLICIES = ("FIFO", "LRU", "OPT", "CLOCK")
-VALID_BIT = 0x80000000  # how a linear page-table entry is printed: valid bit, then the PFN
+VALID_BIT = 0x80000000  # how a linear page-table entry is printed: valid bit, present bit, PFN
+PRESENT_BIT = 0x40000000
+# A linear-table entry of SWAPPED is valid (the page belongs to the process) but not present (its
+# contents are on disk): an access is a page fault the OS services, not a segmentation fault.
+SWAPPED = -1
 
 # ---------------------------------------------------------------------------------------------
 # sizes and address arithmetic
@@ -55,8 +57,13 @@ def split_address(vaddr: int, page_size: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Translation:
-    """One virtual address run through a page table. ``fault`` is True when the page is not valid
-    (the hardware raises an exception instead of producing ``paddr``)."""
+    """One virtual address run through a page table.
+
+    ``valid``: the page belongs to the address space; ``present``: it is in a physical frame.
+    Not valid -> a segmentation fault (the program touched memory it never allocated); valid but
+    not present -> a page fault (the OS loads the page from disk and retries the access).
+    Either way the hardware produces no ``paddr``.
+    """
 
     vaddr: int
     vpn: int
@@ -65,15 +72,24 @@ class Translation:
     pfn: int | None
     paddr: int | None
     memory_refs: int  # page-table entries read from memory (without a TLB)
+    present: bool = True
 
     @property
     def fault(self) -> bool:
-        return not self.valid
+        return not (self.valid and self.present)
+
+    @property
+    def fault_kind(self) -> str | None:
+        """None, ``"segfault"`` (invalid page) or ``"page fault"`` (valid, not present)."""
+        if not self.valid:
+            return "segfault"
+        return None if self.present else "page fault"
 
 
 @dataclass(frozen=True)
 class LinearPageTable:
-    """One entry per virtual page: the physical frame number, or None for an invalid page."""
+    """One entry per virtual page: the physical frame number (valid and present), ``SWAPPED``
+    (valid, present bit clear: the page is on disk) or None (invalid: never allocated)."""
 
     page_size: int
     entries: tuple[int | None, ...]
@@ -89,15 +105,18 @@ class LinearPageTable:
         return len(self.entries) * self.pte_size
 
     def translate(self, vaddr: int) -> Translation:
-        """physical address = pfn * page_size + offset for a valid page; a fault otherwise."""
+        """physical address = pfn * page_size + offset for a present page; a fault otherwise."""
         if not 0 <= vaddr < self.address_space_size:
             raise ValueError(
-                f"virtual address {vaddr:#x} is outside the {self.address_space_size}-byte space"
+                f"virtual address {vaddr:#x} is outside the {self.address_space_size}-byte space: "
+                f"use an address below {self.address_space_size:#x}"
             )
         vpn, offset = split_address(vaddr, self.page_size)
         pfn = self.entries[vpn]
         if pfn is None:
-            return Translation(vaddr, vpn, offset, False, None, None, 1)
+            return Translation(vaddr, vpn, offset, False, None, None, 1, present=False)
+        if pfn == SWAPPED:
+            return Translation(vaddr, vpn, offset, True, None, None, 1, present=False)
         return Translation(vaddr, vpn, offset, True, pfn, pfn * self.page_size + offset, 1)
 
 
@@ -150,20 +169,24 @@ class TwoLevelPageTable:
         return dir_bytes + sum(self.page_size for p in self.directory if p is not None)
 
     def translate(self, vaddr: int) -> Walk:
-        """Walk the directory, then the piece; either level can be invalid (a fault)."""
+        """Walk the directory, then the piece; either level can be invalid (a segfault), and a
+        valid entry can be ``SWAPPED`` (a page fault)."""
         vpn, offset = split_address(vaddr, self.page_size)
         per_page = self.entries_per_page
         pd_index, pt_index = divmod(vpn, per_page)
         if not 0 <= pd_index < len(self.directory):
             raise ValueError(f"virtual address {vaddr:#x} is outside the address space")
         piece = self.directory[pd_index]
+        where = dict(pd_index=pd_index, pt_index=pt_index)
         if piece is None:
-            return Walk(vaddr, vpn, offset, False, None, None, 1, pd_index, pt_index)
+            return Walk(vaddr, vpn, offset, False, None, None, 1, present=False, **where)
         pfn = piece[pt_index] if pt_index < len(piece) else None
         if pfn is None:
-            return Walk(vaddr, vpn, offset, False, None, None, 2, pd_index, pt_index)
+            return Walk(vaddr, vpn, offset, False, None, None, 2, present=False, **where)
+        if pfn == SWAPPED:
+            return Walk(vaddr, vpn, offset, True, None, None, 2, present=False, **where)
         paddr = pfn * self.page_size + offset
-        return Walk(vaddr, vpn, offset, True, pfn, paddr, 2, pd_index, pt_index)
+        return Walk(vaddr, vpn, offset, True, pfn, paddr, 2, **where)
 
 
 def multilevel_table_bytes(
@@ -332,230 +355,13 @@ def random_trace(seed: int, length: int, max_page: int) -> list[int]:
     return [rng.randint(0, max_page) for _ in range(length)]
 
 
-# ---------------------------------------------------------------------------------------------
-# seeded problems (the command line prints these; notebooks and tests use them directly)
-
-
-@dataclass(frozen=True)
-class LinearProblem:
-    """A random address space: its page table and a trace of virtual addresses to translate."""
-
-    args: dict
-    table: LinearPageTable
-    addresses: tuple[int, ...]
-    answers: tuple[Translation, ...] = field(repr=False)
-
-
-def random_linear_problem(
-    seed: int,
-    address_space_size: int | str = "16k",
-    phys_mem_size: int | str = "64k",
-    page_size: int | str = "4k",
-    num_addresses: int = 5,
-    used_percent: float = 50,
-) -> LinearProblem:
-    """OSTEP-style problem: each virtual page is valid with probability ``used_percent``% and then
-    maps to a distinct random physical frame; addresses are drawn uniformly from the space."""
-    asize, psize, page = (parse_size(x) for x in (address_space_size, phys_mem_size, page_size))
-    _log2_exact(page, "page size")
-    _log2_exact(asize, "address space size")
-    _log2_exact(psize, "physical memory size")
-    if page > asize:
-        raise ValueError("the page size must not exceed the address space size")
-    if not 0 <= used_percent <= 100:
-        raise ValueError("used percent must be within 0..100")
-    num_vpages, num_frames = asize // page, psize // page
-    rng = random.Random(seed)
-    valid = [rng.random() * 100 < used_percent for _ in range(num_vpages)]
-    if sum(valid) > num_frames:
-        raise ValueError(
-            f"{sum(valid)} valid pages do not fit in {num_frames} physical frames: "
-            "use more physical memory (-p) or a smaller used percent (-u)"
-        )
-    frames = rng.sample(range(num_frames), sum(valid))
-    it = iter(frames)
-    entries = tuple(next(it) if v else None for v in valid)
-    table = LinearPageTable(page, entries)
-    addresses = tuple(rng.randrange(asize) for _ in range(num_addresses))
-    args = {
-        "seed": seed,
-        "address space size": format_size(asize),
-        "phys mem size": format_size(psize),
-        "page size": format_size(page),
-        "num addresses": num_addresses,
-        "used percent": used_percent,
-    }
-    return LinearProblem(args, table, addresses, tuple(table.translate(a) for a in addresses))
-
-
-def make_exercise(seed: int, page_size: int | str = "4k", address_space_size: int | str = "16k",
-                  phys_mem_size: int | str = "64k") -> Exercise:
-    """Translate one address by hand. Answer with the physical address (int) or ``"fault"``."""
-    problem = random_linear_problem(seed, address_space_size, phys_mem_size, page_size, 1, 60)
-    table, t = problem.table, problem.answers[0]
-    lines = [f"Page size {problem.args['page size']} ({table.page_size} bytes). Page table:"]
-    for vpn, pfn in enumerate(table.entries):
-        lines.append(f"  VPN {vpn:3d}: " + ("invalid" if pfn is None else f"valid, PFN {pfn}"))
-    lines.append(f"Translate virtual address {t.vaddr:#06x} (decimal {t.vaddr}).")
-    lines.append('Answer with the physical address as an int, or "fault".')
-    solution = "fault" if t.fault else t.paddr
-
-    def diagnose(answer) -> Verdict:
-        if isinstance(answer, str) and answer.strip().lower() == "fault":
-            if t.fault:
-                return Verdict(True, f"VPN {t.vpn} has no valid entry, so the access faults.")
-            return Verdict(False, f"VPN {t.vpn} is valid in the table; translate it.")
-        try:
-            value = int(answer)
-        except (TypeError, ValueError):
-            return Verdict(False, 'answer with an int (a physical address) or "fault".')
-        if t.fault:
-            return Verdict(False, f"the address is on VPN {t.vpn}, whose entry is invalid.")
-        if value == t.paddr:
-            return Verdict(True, f"VPN {t.vpn} -> PFN {t.pfn}; the offset {t.offset:#x} is kept.")
-        if value & (table.page_size - 1) != t.offset:
-            return Verdict(False, f"the offset is copied unchanged: yours is "
-                                  f"{value & (table.page_size - 1):#x}, the address's is "
-                                  f"{t.offset:#x}.")
-        return Verdict(False, f"the offset is right, but frame {value // table.page_size} is not "
-                              f"the one the entry for VPN {t.vpn} holds.")
-
-    return Exercise(seed, "\n".join(lines), solution, diagnose)
-
-
-# ---------------------------------------------------------------------------------------------
-# command line: python -m simulators.paging {translate,multilevel,policy,tlb} ...
-
-
-def _header(args: dict) -> str:
-    return "\n".join(f"ARG {k} {v}" for k, v in args.items()) + "\n"
-
-
-def _format_translation(t: Translation, compute: bool) -> str:
-    head = f"  VA {t.vaddr:#010x} (decimal: {t.vaddr:8d}) --> "
-    if not compute:
-        return head + "PA or fault?"
-    if t.fault:
-        return head + f"fault (VPN {t.vpn} is not valid)"
-    return head + f"{t.paddr:#010x} (decimal: {t.paddr:8d}) [VPN {t.vpn} -> PFN {t.pfn}]"
-
-
-def render_translate(problem: LinearProblem, compute: bool) -> str:
-    """The text the ``translate`` subcommand prints."""
-    out = [_header({**problem.args, "compute answers": compute})]
-    out.append("Linear page table, one entry per virtual page. The high-order bit is the VALID")
-    out.append("bit; if it is set, the rest of the entry is the physical frame number (PFN).\n")
-    for vpn, pfn in enumerate(problem.table.entries):
-        value = 0 if pfn is None else VALID_BIT | pfn
-        out.append(f"  [{vpn:8d}]  {value:#010x}")
-    out.append("\nVirtual address trace")
-    out.extend(_format_translation(t, compute) for t in problem.answers)
-    if not compute:
-        out.append("\nFor each virtual address, give the physical address or say it faults.")
-        out.append("Run again with -c to see the answers.")
-    return "\n".join(out) + "\n"
-
-
-def render_multilevel(problem: LinearProblem, pte_size: int, compute: bool) -> str:
-    """The text the ``multilevel`` subcommand prints: the same mapping as a two-level table."""
-    table = TwoLevelPageTable.from_linear(
-        LinearPageTable(problem.table.page_size, problem.table.entries, pte_size)
-    )
-    out = [_header({**problem.args, "pte size": pte_size, "compute answers": compute})]
-    out.append(f"Two-level page table: {table.entries_per_page} entries per table page; the")
-    out.append("directory entry says which table pages exist ('-' = not allocated).\n")
-    for pd, piece in enumerate(table.directory):
-        if piece is None:
-            out.append(f"  PDE[{pd:4d}] -")
-            continue
-        cells = " ".join("  . " if p is None else f"{p:4d}" for p in piece)
-        out.append(f"  PDE[{pd:4d}] valid: PTEs {cells}")
-    out.append("\nVirtual address trace")
-    for t in problem.answers:
-        w = table.translate(t.vaddr)
-        head = f"  VA {w.vaddr:#010x} (decimal: {w.vaddr:8d}) --> "
-        if not compute:
-            out.append(head + "PDE index, PTE index, PA or fault?")
-        elif w.fault:
-            out.append(head + f"PDE {w.pd_index}, PTE {w.pt_index}: fault")
-        else:
-            out.append(head + f"PDE {w.pd_index}, PTE {w.pt_index}: {w.paddr:#010x}")
-    if compute:
-        linear = len(problem.table.entries) * pte_size
-        out.append(f"\nTable memory: linear {linear} B, two-level {table.size_bytes} B")
-    return "\n".join(out) + "\n"
-
-
-def render_policy(trace: Sequence[int], frames: int, policy: str, args: dict,
-                  compute: bool) -> str:
-    """The text the ``policy`` subcommand prints."""
-    result = simulate_policy(trace, frames, policy)
-    out = [_header({**args, "compute answers": compute})]
-    out.append(f"Access trace: {','.join(map(str, result.trace))}\n")
-    for page, hit, victim, mem in zip(result.trace, result.hits, result.evicted, result.resident,
-                                      strict=True):
-        if compute:
-            what = "Hit " if hit else "Miss"
-            ev = "-" if victim is None else str(victim)
-            out.append(f"  Access: {page:3d}  {what}  evict {ev:>3s}  resident {list(mem)}")
-        else:
-            out.append(f"  Access: {page:3d}  Hit/Miss?  State of memory?")
-    if compute:
-        out.append(f"\nFINALSTATS hits {result.num_hits} misses {result.num_misses} "
-                   f"hitrate {100 * result.hit_rate:.2f}")
-    return "\n".join(out) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m simulators.paging", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    """The command line (``python -m simulators.paging --help``); see ``simulators.paging_cli``."""
+    from simulators.paging_cli import main as cli_main  # late: the CLI module imports this one
 
-    def space_args(p):
-        p.add_argument("-s", "--seed", type=int, default=0)
-        p.add_argument("-a", "--asize", default="16k", help="address space size (e.g. 16k)")
-        p.add_argument("-p", "--physmem", default="64k", help="physical memory size (e.g. 64k)")
-        p.add_argument("-P", "--pagesize", default="4k", help="page size (e.g. 4k)")
-        p.add_argument("-n", "--numaddrs", type=int, default=5)
-        p.add_argument("-u", "--used", type=float, default=50, help="percent of pages valid")
-        p.add_argument("-c", "--compute", action="store_true", help="show the answers")
-
-    space_args(sub.add_parser("translate", help="linear page table translation"))
-    ml = sub.add_parser("multilevel", help="two-level page table walk")
-    space_args(ml)
-    ml.add_argument("-e", "--ptesize", type=int, default=4, help="bytes per page-table entry")
-    for name, helptext in (("policy", "page replacement"), ("tlb", "TLB hits and misses")):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("-s", "--seed", type=int, default=0)
-        p.add_argument("-n", "--numaddrs", type=int, default=10)
-        p.add_argument("-m", "--maxpage", type=int, default=10)
-        p.add_argument("-A", "--addresses", default="",
-                       help="comma-separated trace (overrides -n, -m)")
-        p.add_argument("-C", "--cachesize", type=int, default=3, help="frames (or TLB entries)")
-        p.add_argument("-p", "--policy", default="FIFO" if name == "policy" else "LRU",
-                       help="FIFO, LRU, OPT or CLOCK")
-        p.add_argument("-c", "--compute", action="store_true", help="show the answers")
-
-    ns = parser.parse_args(argv)
-    try:
-        if ns.command in ("translate", "multilevel"):
-            problem = random_linear_problem(ns.seed, ns.asize, ns.physmem, ns.pagesize,
-                                            ns.numaddrs, ns.used)
-            if ns.command == "translate":
-                print(render_translate(problem, ns.compute), end="")
-            else:
-                print(render_multilevel(problem, ns.ptesize, ns.compute), end="")
-        else:
-            if ns.addresses:
-                trace = [int(x) for x in ns.addresses.split(",")]
-            else:
-                trace = random_trace(ns.seed, ns.numaddrs, ns.maxpage)
-            args = {"seed": ns.seed, "addresses": ns.addresses or "-1", "numaddrs": ns.numaddrs,
-                    "maxpage": ns.maxpage, "policy": ns.policy.upper(),
-                    "cachesize": ns.cachesize}
-            print(render_policy(trace, ns.cachesize, ns.policy, args, ns.compute), end="")
-    except ValueError as err:
-        parser.error(str(err))
-    return 0
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

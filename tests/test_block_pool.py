@@ -1,5 +1,6 @@
-"""BlockPool and KV manager: a hypothesis state machine drives allocate / append / share-prefix / free /
-preempt and checks the pool's invariant after every operation; every block is free at the end."""
+"""BlockPool and KV manager: a hypothesis state machine drives allocate / append / share-prefix / fork
+(copy-on-write) / free / preempt and checks the pool's invariant after every operation; every block is free
+at the end."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from minirunner.kv import BlockPool, KVCacheManager
+from minirunner.kv.block_pool import chain_hash
 from minirunner.request import Request
 from minirunner.sampling_params import SamplingParams
 
@@ -49,6 +51,12 @@ class PoolMachine(RuleBasedStateMachine):
         for token in new:
             request.append_token(token)
         if self.kv.allocate(request, extra):
+            # What the runner does before the step: copy each shared block the request writes into
+            # from a block still held to one only this request holds.
+            table = self.kv.table(request.request_id).blocks
+            for src, dst in self.kv.take_copies():
+                assert src != dst and self.kv.pool.ref_counts[src] >= 1
+                assert dst in table and self.kv.pool.ref_counts[dst] == 1
             request.num_computed_tokens += extra
             self.kv.cache_full_blocks(request)
         else:
@@ -68,6 +76,19 @@ class PoolMachine(RuleBasedStateMachine):
             self.live[request.request_id] = request
             for b in cached:
                 assert self.kv.pool.ref_counts[b] >= 2
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def fork(self, data):
+        """n > 1: a child takes references to every block of a live request; its first write into a
+        shared block copies it (copy-on-write)."""
+        source = data.draw(st.sampled_from(sorted(self.live.values(), key=lambda r: r.request_id)))
+        child = self._new(source.all_token_ids[:source.num_computed_tokens])
+        self.kv.fork(source, child)
+        child.num_computed_tokens = source.num_computed_tokens
+        self.live[child.request_id] = child
+        for block in self.kv.table(child.request_id).blocks:
+            assert self.kv.pool.ref_counts[block] >= 2
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -117,15 +138,17 @@ def test_cached_free_blocks_are_evicted_lru():
     pool.check_invariants([[a]])
 
 
-def test_lookup_checks_the_stored_tokens_not_only_the_hash():
+def test_a_forced_digest_collision_shares_nothing():
     pool = BlockPool(num_blocks=2, block_size=2)
     (a,) = pool.allocate(1)
     h = pool.cache_block(a, None, (1, 2))
-    # A forged entry: block a listed under the hash of other tokens must not be returned for them.
-    pool.cached[hash((None, (2, 1)))] = {a: None}
+    # Force a collision: block a listed under the digest of other tokens (as if sha256 collided)
+    # must not be returned for them, since the stored (parent, tokens) key is compared too.
+    forged = chain_hash(None, (2, 1), pool.salt)
+    pool.cached[forged] = {a: None}
     assert pool.lookup(None, (1, 2)) == a
     assert pool.lookup(None, (2, 1)) is None
-    del pool.cached[hash((None, (2, 1)))]
+    del pool.cached[forged]
     assert h in pool.cached
 
 

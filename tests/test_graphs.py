@@ -168,3 +168,25 @@ def test_padded_step_writes_no_kv_outside_the_batch_slots_and_no_stale_tail(comp
     assert runner.query_start_loc[:9].tolist() == list(range(9))
     for rid in ids[:5]:
         engine.abort_request(rid)
+
+
+def test_logprobs_inside_and_penalties_outside_the_graph(eager, compiled):
+    prompts = _prompts(3, seed=21)
+    # Logprobs are scored from the replay's raw logits: the step still replays, the scores match eager's.
+    lp = SamplingParams(temperature=0.0, max_tokens=6, logprobs=2, ignore_eos=True)
+    want = eager.generate(prompts, lp, use_tqdm=False)
+    compiled.clear_step_trace()
+    got = compiled.generate(prompts, lp, use_tqdm=False)
+    assert any(t["graph"] == "compile" for t in compiled.get_step_trace())
+    for w, g in zip(want, got, strict=True):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        for lw, lg in zip(w.outputs[0].logprobs, g.outputs[0].logprobs, strict=True):
+            assert set(lw) == set(lg)
+            assert all(abs(lw[t].logprob - lg[t].logprob) < 1e-4 for t in lw)
+    # Penalties need each request's token counts, which live on the host: those steps run eager.
+    pen = SamplingParams(temperature=0.0, max_tokens=6, repetition_penalty=1.3, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in eager.generate(prompts, pen, use_tqdm=False)]
+    compiled.clear_step_trace()
+    got = [o.outputs[0].token_ids for o in compiled.generate(prompts, pen, use_tqdm=False)]
+    assert got == want
+    assert {t["graph"] for t in compiled.get_step_trace()} == {"eager"}

@@ -5,6 +5,8 @@ import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simulators.kv_allocator import POLICY_ROWS, simulate_allocator
+from simulators.kv_exercises import make_exercise, make_fit_exercise, make_slot_exercise
 from simulators.kv_memory import (
     ALPACA_LIKE,
     LLAMA_3_8B,
@@ -13,13 +15,11 @@ from simulators.kv_memory import (
     SHAREGPT_LIKE,
     Workload,
     blocks_needed,
+    buddy_reservation,
     kv_bytes_per_token,
-    make_exercise,
-    make_slot_exercise,
+    next_pow2,
     paged_slack,
-    pow2_max_tokens,
     sample_workload,
-    simulate_allocator,
 )
 
 
@@ -74,9 +74,38 @@ def test_oracle_reservation_has_no_internal_waste_but_reserves_the_future():
     assert r.external_share == pytest.approx(1 / 8)
 
 
-def test_pow2_reservation():
-    assert pow2_max_tokens(100, 20) == 28  # 120 rounds up to 128
-    assert pow2_max_tokens(64, 64) == 64  # already a power of two
+def test_buddy_rounding():
+    assert next_pow2(120) == 128 and next_pow2(64) == 64 and next_pow2(1) == 1
+    assert buddy_reservation(100, 20, 2048) == 128
+    assert buddy_reservation(1500, 600, 2048) == 2048  # never past max_model_len
+    with pytest.raises(ValueError):
+        next_pow2(0)
+
+
+def test_the_papers_pow2_over_reserves_the_output_then_rounds():
+    # prompt 7, output 25: Pow2 asks for 32 output slots (25 -> 32), 7 + 32 = 39 -> 64 (buddy);
+    # Oracle + buddy rounds 7 + 25 = 32 -> 32; exact Oracle reserves 32 as well
+    w = Workload("hand", (7, 7), (25, 25), max_model_len=2048)
+    budget = 100
+    pow2 = simulate_allocator(w, budget, "max_tokens", max_tokens="pow2")
+    buddy = simulate_allocator(w, budget, "max_tokens", max_tokens="oracle_buddy")
+    # 64 + 64 > 100: Pow2 serves one at a time; 32 + 32 <= 100: both run together, half the steps
+    assert (pow2.max_running, pow2.num_steps, buddy.num_steps) == (1, 52, 26)
+    w2 = Workload("hand", (7,), (26,), max_model_len=2048)  # 33 -> 64 under both buddy modes
+    three = Workload("hand", (7, 7, 7), (26, 26, 26), 2048)
+    exact = simulate_allocator(three, 100, "max_tokens")
+    assert exact.num_steps == 27  # 3 x 33 = 99 slots: all three run at once
+    assert simulate_allocator(three, 100, "max_tokens", max_tokens="oracle_buddy").num_steps == 3 * 27
+    with pytest.raises(ValueError, match="max_tokens"):
+        simulate_allocator(w2, budget, "max_tokens", max_tokens="buddy")
+
+
+def test_layout_shows_first_fit_placement_and_holes():
+    # 3 requests of 4 slots each (max_model_len 4) in 10 slots: two fit at 0 and 4, 2 slots left
+    w = Workload("hand", (1, 1, 1), (3, 3, 3), max_model_len=4)
+    r = simulate_allocator(w, 10, "max_model_len", layout_step=0)
+    assert [(start, n) for start, n, _tok, _rid in r.layout] == [(0, 4), (4, 4)]
+    assert [tok for _s, _n, tok, _r in r.layout] == [1, 1]
 
 
 @settings(max_examples=200, deadline=None)
@@ -134,6 +163,67 @@ def test_exercise_checkers():
         assert ex.check(answer).correct
         verdict = ex.check(answer // 2)
         assert not verdict.correct and "factor 2" in verdict.why
+        assert not ex.check(None).answered
+        fp8 = make_exercise(seed, dtype="float8")
+        assert "torch_dtype=float8" in fp8.question and fp8.check(fp8.solution()).correct
         slot = make_slot_exercise(seed)
         assert slot.check(slot.solution()).correct
         assert not slot.check(slot.solution() + 1).correct
+        fit = make_fit_exercise(seed)
+        assert fit.check(fit.solution()).correct and not fit.check(fit.solution() + 1).correct
+
+
+def test_every_slot_exercise_hint_can_fire():
+    # each wrong-answer branch of the slot checker is reachable (none is dead code)
+    seen = set()
+    for seed in range(60):
+        ex = make_slot_exercise(seed)
+        bs = int(ex.question.split("block_size = ")[1].split(",")[0])
+        table = eval(ex.question.split("block_table = ")[1].split(".\n")[0])  # a list literal
+        pos = int(ex.question.split("position ")[1].rstrip("?"))
+        logical, offset = divmod(pos, bs)
+        for wrong, key in ((pos, "logical position"), (table[logical], "physical block;"),
+                           (table[logical] * bs, "first slot"),
+                           (table[logical - 1] * bs + offset, "neighbouring")):
+            if wrong == ex.solution():
+                continue
+            why = ex.check(wrong).why
+            if key in why:
+                seen.add(key)
+    assert seen == {"logical position", "physical block;", "first slot", "neighbouring"}
+
+
+def test_fp8_halves_the_bytes_of_fp16():
+    for seed in range(10):
+        assert make_exercise(seed, "float8").solution() * 2 == make_exercise(seed, "float16").solution()
+    with pytest.raises(ValueError, match="dtype"):
+        make_exercise(0, dtype="int4")
+
+
+def test_max_external_waste_is_the_leftover_of_whole_reservations():
+    w = sample_workload(SHAREGPT_LIKE, 300, seed=2)
+    r = simulate_allocator(w, 15_728, "max_model_len")
+    assert r.mean_running == 7 and r.max_running == 7
+    assert r.external_share == pytest.approx((15_728 - 7 * 2048) / 15_728)
+
+
+def test_cli_compare_and_exercises(capsys):
+    from simulators.kv_memory import main
+
+    main(["compare", "-n", "200", "--budget", "8192"])
+    out = capsys.readouterr().out
+    for row in POLICY_ROWS:
+        assert row in out
+    ex = make_fit_exercise(4)
+    main(["fit", "-s", "4", "-c"])
+    out = capsys.readouterr().out
+    assert ex.question in out and f"ANSWER {ex.solution()}" in out
+    main(["bytes", "-s", "4"])
+    assert "ANSWER" not in capsys.readouterr().out
+    for seed in range(10):  # each exercise's command prints its question and, with -c, its solution
+        for ex in (make_exercise(seed), make_exercise(seed, "float8"), make_fit_exercise(seed)):
+            main(ex.command.split()[3:] + ["-c"])
+            out = capsys.readouterr().out
+            assert ex.question in out and out.strip().endswith(f"ANSWER {ex.solution()}")
+    with pytest.raises(SystemExit):
+        main(["compare", "-n", "0"])

@@ -7,8 +7,12 @@ import pytest
 import torch
 import transformers
 from tiny_models import make_tiny_model
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from minirunner import LLM, SamplingParams
+from minirunner.config import ModelConfig
+from minirunner.memory_profile import kv_budget_from_profile, run_profiling_step
+from minirunner.model.loader import load_model
 
 PROMPT = [5, 17, 33, 8, 61, 2, 40, 9, 11]
 
@@ -81,3 +85,47 @@ def test_cpu_threads(tmp_path):
             LLM(str(path), device="cpu", num_threads=0)
     finally:
         torch.set_num_threads(before)
+
+
+class _AllocationLog(TorchDispatchMode):
+    """Records the dtype and size of every real (non-meta) floating tensor an op produces."""
+
+    def __init__(self):
+        super().__init__()
+        self.made: list[tuple[torch.dtype, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.is_floating_point():
+                self.made.append((t.dtype, t.numel()))
+        return out
+
+
+def test_bf16_checkpoint_loads_without_a_float32_copy(tmp_path):
+    path, hf = make_tiny_model(tmp_path, "llama", dtype=torch.bfloat16)
+    config = ModelConfig.from_dir(path)
+    log = _AllocationLog()
+    with log:
+        model = load_model(path, config, torch.bfloat16, torch.device("cpu"))
+    biggest = max(p.numel() for p in hf.parameters())
+    fp32 = [n for dtype, n in log.made if dtype == torch.float32]
+    # Only RoPE's inverse frequencies (head_dim / 2 values) are float32, by design.
+    assert max(fp32, default=0) <= config.head_dim, f"float32 tensors made while loading: {fp32}"
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in hf.parameters())
+    assert biggest > config.head_dim
+
+
+def test_profiling_step_runs_the_largest_batch_and_budget_arithmetic(tmp_path):
+    path, _ = make_tiny_model(tmp_path, "qwen2")
+    llm = LLM(str(path), dtype="float32", device="cpu", max_num_seqs=5,
+              max_num_batched_tokens=23, block_size=4)
+    sampled, kv_bytes = run_profiling_step(llm.engine.model, llm.engine.config,
+                                           llm.engine.model_config)
+    # 23 tokens over 5 sequences of 5, 5, 5, 5, 3 tokens: 2 + 2 + 2 + 2 + 1 blocks, a token each.
+    assert len(sampled) == 5 and all(0 <= t < 96 for t in sampled)
+    # the throwaway cache holds those 9 blocks and the null block
+    assert kv_bytes == 10 * 4 * llm.engine.model_config.kv_bytes_per_token(torch.float32)
+    assert kv_budget_from_profile(total=80 << 30, utilization=0.9, peak=10 << 30,
+                                  non_torch=1 << 30) == int(0.9 * (80 << 30)) - (11 << 30)

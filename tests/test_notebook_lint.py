@@ -6,6 +6,7 @@ paths); whether the cells run and their outputs match is nbval's job (``pytest n
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -101,3 +102,37 @@ def test_no_machine_specific_paths(path):
         for text in texts:
             hit = MACHINE_PATH.search(text)
             assert hit is None, f"cell {i} contains a machine path near {text[hit.start():][:60]!r}"
+
+
+def _strip_script():
+    spec = importlib.util.spec_from_file_location(
+        "strip_notebook_metadata", NOTEBOOK_DIR.parent / "scripts" / "strip_notebook_metadata.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_execution_timestamps_and_stable_cell_ids(path):
+    # re-running a notebook must not touch every cell in the diff: scripts/strip_notebook_metadata.py
+    text = path.read_text(encoding="utf-8")
+    script = _strip_script()
+    assert script.render(script.strip(json.loads(text))) == text, (
+        f"run python scripts/strip_notebook_metadata.py notebooks/{path.name}")
+    nb = _load(path)
+    for i, cell in enumerate(nb["cells"]):
+        assert "execution" not in cell.get("metadata", {}), (
+            f"cell {i} carries execution timestamps: run scripts/strip_notebook_metadata.py on it")
+        assert cell.get("id"), f"cell {i} has no id"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_widget_state_is_saved_so_widgets_render_on_opening(path):
+    nb = _load(path)
+    uses_widgets = any("ipywidgets" in _source(c) for c in nb["cells"] if c["cell_type"] == "code")
+    if uses_widgets:
+        state = nb["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+        assert state.get("state"), "execute with --ExecutePreprocessor.store_widget_state=True"
+        views = [o for c in nb["cells"] for o in c.get("outputs", [])
+                 if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+        assert views, "no widget view saved in any output"

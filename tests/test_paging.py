@@ -8,18 +8,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulators.paging import (
+    SWAPPED,
     LinearPageTable,
     TwoLevelPageTable,
     array_walk_vpns,
     linear_table_bytes,
     main,
-    make_exercise,
     multilevel_table_bytes,
-    random_linear_problem,
     simulate_policy,
     simulate_tlb,
     split_address,
 )
+from simulators.paging_problems import make_exercise, random_linear_problem
 
 # 4 KiB pages; VPN 0 -> PFN 3, VPN 1 invalid, VPN 2 -> PFN 7, VPN 3 -> PFN 0
 HAND_TABLE = LinearPageTable(4096, (3, None, 7, 0))
@@ -157,13 +157,15 @@ def test_cli_echoes_arguments_and_hides_answers_until_asked(capsys):
     for line in ("ARG seed 3", "ARG address space size 32k", "ARG phys mem size 128k",
                  "ARG page size 2k", "ARG num addresses 4", "ARG used percent 70"):
         assert line in hidden
-    assert "PA or fault?" in hidden and "PFN" not in hidden.split("Virtual address trace")[1]
+    assert "PA, segfault or page fault?" in hidden
+    assert "PFN" not in hidden.split("Virtual address trace")[1]
     main(["translate", "-s", "3", "-a", "32k", "-p", "128k", "-P", "2k", "-n", "4", "-u", "70",
           "-c"])
     shown = capsys.readouterr().out
     problem = random_linear_problem(3, "32k", "128k", "2k", 4, 70)
     for t in problem.answers:
         assert (f"fault (VPN {t.vpn}" if t.fault else f"{t.paddr:#010x}") in shown
+        assert not t.fault or t.fault_kind == "segfault"  # no -w: nothing is swapped out
 
 
 def test_cli_runs_as_a_module():
@@ -177,25 +179,51 @@ def test_cli_runs_as_a_module():
         [sys.executable, "-m", "simulators.paging", "multilevel", "-s", "1", "-c"],
         capture_output=True, text=True, check=True,
     ).stdout
-    assert "ARG pte size 4" in multi and "PDE" in multi
+    assert "ARG code pages 6" in multi and "PDBR:" in multi and "page 127:" in multi
 
 
 def test_simulators_do_not_import_torch():
-    code = ("import sys, simulators.paging, simulators.kv_memory, simulators.exercises; "
+    code = ("import sys, simulators.paging, simulators.paging_problems, simulators.paging_cli, "
+            "simulators.kv_memory, simulators.kv_allocator, simulators.kv_exercises, "
+            "simulators.block_exercises, simulators.paper, simulators.exercises; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_exercise_checker_says_why():
-    for seed in range(20):
+    kinds = set()
+    for seed in range(40):
         ex = make_exercise(seed)
         answer = ex.solution()
         assert ex.check(answer).correct
-        if answer == "fault":
+        kinds.add(answer if isinstance(answer, str) else "address")
+        if isinstance(answer, str):
             assert not ex.check(0).correct
+            other = "page fault" if answer == "segfault" else "segfault"
+            assert not ex.check(other).correct
+            assert "which fault" in ex.check("fault").why
         else:
-            assert not ex.check("fault").correct
+            assert not ex.check("segfault").correct
             wrong_offset = ex.check(answer ^ 1)
             assert not wrong_offset.correct and "offset" in wrong_offset.why
             wrong_frame = ex.check(answer + 4096 * 20)
             assert not wrong_frame.correct and "frame" in wrong_frame.why
+    assert kinds == {"address", "segfault", "page fault"}  # the seeds exercise every outcome
+
+
+def test_swapped_page_is_a_page_fault_and_invalid_page_a_segfault():
+    table = LinearPageTable(4096, (3, None, SWAPPED, 0))
+    assert table.translate(0x0123).fault_kind is None and table.translate(0x0123).paddr == 0x3123
+    seg, pf = table.translate(0x1000), table.translate(0x2000)
+    assert (seg.valid, seg.present, seg.fault_kind) == (False, False, "segfault")
+    assert (pf.valid, pf.present, pf.fault_kind) == (True, False, "page fault")
+    two = TwoLevelPageTable.from_linear(LinearPageTable(64, (1, SWAPPED) + (None,) * 30, 4))
+    assert two.translate(64 + 5).fault_kind == "page fault"
+    assert two.translate(3 * 64).fault_kind == "segfault"
+
+
+def test_swapped_percent_keeps_the_valid_pages():
+    plain = random_linear_problem(5, "64k", "256k", "1k", 0, 60, 0)
+    swapped = random_linear_problem(5, "64k", "256k", "1k", 0, 60, 50)
+    assert [e is None for e in plain.table.entries] == [e is None for e in swapped.table.entries]
+    assert SWAPPED in swapped.table.entries and SWAPPED not in plain.table.entries

@@ -52,20 +52,22 @@ def store_kv_padded(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
 
 
 def gather_rows(block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Cache rows (as in :func:`slot_rows`) of every K slot the block tables reach, in order: int64
-    [num_seqs, num_blocks_per_seq * block_size]. The V rows are these + block_size."""
+    """Cache rows (as in :func:`slot_rows`) of every K slot the block tables reach, in order, then the
+    same for V: int64 [2, num_seqs, num_blocks_per_seq * block_size] (V rows = K rows + block_size)."""
     offsets = torch.arange(block_size, device=block_tables.device)
-    return (block_tables.long()[:, :, None] * (2 * block_size) + offsets).flatten(1)
+    k_rows = (block_tables.long()[:, :, None] * (2 * block_size) + offsets).flatten(1)
+    return torch.stack((k_rows, k_rows + block_size))
 
 
-def _gather(kv_cache: torch.Tensor, k_rows: torch.Tensor, dtype: torch.dtype):
-    """K and V at the given rows: two [num_seqs, num_kv_heads, L, head_dim] views in ``dtype``."""
+def _gather(kv_cache: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype):
+    """K and V at the given :func:`gather_rows`: two [num_seqs, num_kv_heads, L, head_dim] views in
+    ``dtype``. index_select copies whole rows (H_kv x D values each), much faster than fancy indexing."""
     n, _, bs, h, d = kv_cache.shape
-    flat = kv_cache.view(n * 2 * bs, h, d)
-    k, v = flat[k_rows], flat[k_rows + bs]
-    if k.dtype != dtype:
-        k, v = k.to(dtype), v.to(dtype)
-    return k.transpose(1, 2), v.transpose(1, 2)
+    _, s, length = rows.shape
+    kv = kv_cache.view(n * 2 * bs, h, d).index_select(0, rows.view(-1)).view(2, s, length, h, d)
+    if kv.dtype != dtype:
+        kv = kv.to(dtype)
+    return kv[0].transpose(1, 2), kv[1].transpose(1, 2)
 
 
 def paged_decode_vectorized(q: torch.Tensor, kv_cache: torch.Tensor, k_rows: torch.Tensor,
@@ -73,7 +75,7 @@ def paged_decode_vectorized(q: torch.Tensor, kv_cache: torch.Tensor, k_rows: tor
                             scale: float) -> torch.Tensor:
     """One query token per sequence, all sequences in one SDPA call.
 
-    q: [num_seqs, num_q_heads, head_dim]; k_rows: int64 [num_seqs, L] (:func:`gather_rows` of the
+    q: [num_seqs, num_q_heads, head_dim]; k_rows: int64 [2, num_seqs, L] (:func:`gather_rows` of the
     block-table columns covering the longest sequence); key_mask: bool [num_seqs, 1, 1, L] (True =
     attend); row_valid: [num_seqs, 1, 1] in q's dtype (0 for padding rows, whose output must be zeros) or
     None when there are none. Returns [num_seqs, num_q_heads, head_dim].
@@ -92,7 +94,7 @@ def paged_prefill_vectorized(q_pad: torch.Tensor, kv_cache: torch.Tensor, k_rows
                              mask: torch.Tensor, scale: float) -> torch.Tensor:
     """Ragged queries padded to one length, causal over each sequence's cached prefix + new tokens.
 
-    q_pad: [num_seqs, max_q, num_q_heads, head_dim]; k_rows: int64 [num_seqs, L]; mask: bool
+    q_pad: [num_seqs, max_q, num_q_heads, head_dim]; k_rows: int64 [2, num_seqs, L]; mask: bool
     [num_seqs, 1, max_q * G, L] with row i * G + g for query token i and head g of a group
     (G = num_q_heads // num_kv_heads). Returns [num_seqs, max_q, num_q_heads, head_dim].
     """
@@ -111,7 +113,7 @@ class _DecodeGroup:
 
     seq_idx: torch.Tensor | None  # int64 [n] into the batch's sequences (None = all, in order)
     token_rows: torch.Tensor | None  # int64 [n] rows of q (None = all rows, in order)
-    k_rows: torch.Tensor  # int64 [n, L]: cache rows of each sequence's K slots (gather_rows)
+    k_rows: torch.Tensor  # int64 [2, n, L]: cache rows of each sequence's K and V slots (gather_rows)
     key_mask: torch.Tensor
     row_valid: torch.Tensor | None
 

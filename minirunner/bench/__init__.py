@@ -18,6 +18,8 @@ from minirunner.bench.workloads import WORKLOADS, Workload, make_workload
 from minirunner.llm import LLM
 
 COMPARE = ("transformers", "contiguous", "contiguous_exact")
+# torch's thread count before any LLM sets its own: the transformers baseline also runs with it.
+_DEFAULT_THREADS = torch.get_num_threads()
 
 
 def environment() -> dict:
@@ -52,7 +54,8 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
     for c in compare:
         if c == "transformers":
             results.append(run_transformers(cfg.model, wl, hf_batch_size, cfg.dtype, cfg.device,
-                                            f"transformers generate (static batches of {hf_batch_size})"))
+                                            f"transformers generate (static batches of {hf_batch_size})",
+                                            threads=tuple(sorted({1, _DEFAULT_THREADS}))))
         else:
             kw = dict(llm_kwargs, kv_layout=c, num_kv_blocks=llm.engine.num_kv_blocks)
             kw.pop("kv_cache_memory_bytes", None)

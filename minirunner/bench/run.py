@@ -88,7 +88,7 @@ def run_minirunner(llm: LLM, workload: Workload, label: str = "minirunner",
                       num_kv_blocks=llm.engine.num_kv_blocks, max_num_seqs=cfg.max_num_seqs,
                       max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=cfg.max_model_len,
                       backend=llm.engine.backend.name, dtype=str(cfg.dtype), device=str(cfg.device),
-                      prefix_caching=cfg.enable_prefix_caching),
+                      prefix_caching=cfg.enable_prefix_caching, threads=torch.get_num_threads()),
         timeline=dict(
             t=np.cumsum([t["duration_s"] for t in trace]).tolist(),
             output_tokens=[t["num_output_tokens"] for t in trace],
@@ -116,10 +116,23 @@ class _StepClock:
 
 
 def run_transformers(model_dir: str, workload: Workload, batch_size: int, dtype: torch.dtype,
-                     device: torch.device, label: str = "transformers") -> BenchResult:
+                     device: torch.device, label: str = "transformers",
+                     threads: tuple[int, ...] = ()) -> BenchResult:
     """The same prompts through transformers ``generate`` (greedy, EOS ignored) in static batches of
     ``batch_size``, left-padded, each batch generating its longest request's max_tokens. Only each
-    request's own max_tokens count as output."""
+    request's own max_tokens count as output. ``threads``: on a CPU, run once with each torch thread
+    count and keep the fastest (the baseline at its best); the others are in ``settings``."""
+    if threads and device.type == "cpu":
+        before, runs = torch.get_num_threads(), []
+        try:
+            for n in threads:
+                torch.set_num_threads(n)
+                runs.append(run_transformers(model_dir, workload, batch_size, dtype, device, label))
+        finally:
+            torch.set_num_threads(before)
+        best = max(runs, key=lambda r: r.output_tok_per_s)
+        best.settings["threads_tried"] = {n: r.output_tok_per_s for n, r in zip(threads, runs, strict=True)}
+        return best
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
@@ -155,5 +168,6 @@ def run_transformers(model_dir: str, workload: Workload, batch_size: int, dtype:
         ttft_p50=_pct(ttft, 50), ttft_p99=_pct(ttft, 99), tpot_p50=_pct(tpot, 50), tpot_p99=_pct(tpot, 99),
         peak_concurrent_seqs=min(batch_size, len(workload)), kv_utilization_mean=None,
         kv_utilization_min=None, num_preemptions=None, cached_prompt_tokens=None,
-        settings=dict(batch_size=batch_size, padding="left", dtype=str(dtype), device=str(device)),
+        settings=dict(batch_size=batch_size, padding="left", dtype=str(dtype), device=str(device),
+                      threads=torch.get_num_threads()),
     )

@@ -6,33 +6,47 @@ chained hash. It never touches KV tensors and never decides which request gets b
 A block with ref count 0 sits in the free queue; if it still holds a cached hash it can be revived by a
 prefix hit until it is handed out again, at which point its hash is evicted (LRU: the queue's head is the
 least recently freed).
+
+Keys are sha256 chains (as in vLLM): a block's digest covers the salt (model and KV dtype), its parent
+block's digest and its own token ids, stored and compared as bytes; the lookup also compares the stored
+(parent digest, tokens), so even a forged or colliding digest cannot share a block with other tokens.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable
 
+import numpy as np
 
-def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
-    """Hash of a full block: its parent block's hash and its own token ids, so equal hashes mean equal
-    prefixes (checked against the stored key, so a collision can never share wrong KV)."""
-    return hash((parent_hash, token_ids))
+Digest = bytes  # 32-byte sha256
+
+
+def chain_hash(parent_hash: Digest | None, token_ids: tuple[int, ...], salt: bytes = b"") -> Digest:
+    """sha256 of a full block: salt, then the parent block's digest (32 zero bytes for the first
+    block), then the token ids as little-endian int64, so equal digests mean equal prefixes under the
+    same model and KV dtype."""
+    h = hashlib.sha256(salt)
+    h.update(parent_hash if parent_hash is not None else bytes(32))
+    h.update(np.asarray(token_ids, dtype="<i8").tobytes())
+    return h.digest()
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, salt: bytes = b""):
         if num_blocks < 1:
             raise ValueError("a KV block pool needs at least one block")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.salt = salt
         self.ref_counts = [0] * num_blocks
         # ordered set of free block ids; head = next to hand out (least recently freed)
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self.block_hash: list[int | None] = [None] * num_blocks
-        self.block_key: list[tuple[int | None, tuple[int, ...]] | None] = [None] * num_blocks
-        # chain hash -> the blocks holding that prefix (two requests may compute equal blocks at once)
-        self.cached: dict[int, dict[int, None]] = {}
+        self.block_hash: list[Digest | None] = [None] * num_blocks
+        self.block_key: list[tuple[Digest | None, tuple[int, ...]] | None] = [None] * num_blocks
+        # digest -> the blocks holding that prefix (two requests may compute equal blocks at once)
+        self.cached: dict[Digest, dict[int, None]] = {}
         self.num_evictions = 0
 
     # -- counts ---------------------------------------------------------------------------------
@@ -80,16 +94,18 @@ class BlockPool:
                 self._free[block] = None
 
     # -- prefix cache ---------------------------------------------------------------------------
-    def lookup(self, parent_hash: int | None, token_ids: tuple[int, ...]) -> int | None:
+    def lookup(self, parent_hash: Digest | None, token_ids: tuple[int, ...]) -> int | None:
         """The cached block holding exactly this (parent, tokens) full block, or None."""
         key = (parent_hash, token_ids)
-        blocks = [b for b in self.cached.get(chain_hash(*key), ()) if self.block_key[b] == key]
+        digest = chain_hash(parent_hash, token_ids, self.salt)
+        blocks = [b for b in self.cached.get(digest, ()) if self.block_key[b] == key]
         # Prefer a block some table already holds: sharing it keeps the free list intact.
         return max(blocks, key=lambda b: self.ref_counts[b] > 0, default=None)
 
-    def cache_block(self, block: int, parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
-        """Register a full, referenced block under its chain hash; returns the hash."""
-        h = chain_hash(parent_hash, token_ids)
+    def cache_block(self, block: int, parent_hash: Digest | None,
+                    token_ids: tuple[int, ...]) -> Digest:
+        """Register a full, referenced block under its chain digest; returns the digest."""
+        h = chain_hash(parent_hash, token_ids, self.salt)
         if self.block_hash[block] == h:
             return h
         if self.block_hash[block] is not None:
@@ -99,7 +115,11 @@ class BlockPool:
         self.block_key[block] = (parent_hash, token_ids)
         return h
 
-    def _evict(self, block: int) -> None:
+    def uncache(self, block: int) -> None:
+        """Forget the block's prefix key (its K/V may be incomplete); the block stays where it is."""
+        self._evict(block, count=False)
+
+    def _evict(self, block: int, count: bool = True) -> None:
         h = self.block_hash[block]
         if h is None:
             return
@@ -109,7 +129,7 @@ class BlockPool:
             del self.cached[h]
         self.block_hash[block] = None
         self.block_key[block] = None
-        self.num_evictions += 1
+        self.num_evictions += count
 
     def reset_prefix_cache(self) -> None:
         for block in list(self._free):

@@ -9,6 +9,14 @@ class BlockTable:
     def __init__(self, block_size: int):
         self.block_size = block_size
         self.blocks: list[int] = []
+        # Bumped whenever an entry is replaced in place (copy-on-write), so a reader that copies the
+        # table incrementally (the runner's state rows append only new ids) knows to rewrite it.
+        self.version = 0
+
+    def replace(self, index: int, block: int) -> None:
+        """Point logical block ``index`` at another physical block (copy-on-write)."""
+        self.blocks[index] = block
+        self.version += 1
 
     def __len__(self) -> int:
         return len(self.blocks)

@@ -122,6 +122,20 @@ class ContiguousKVManager:
     def cache_full_blocks(self, request: Request, num_tokens: int | None = None) -> None:
         """No prefix cache in a contiguous layout."""
 
+    # A reservation is private: no prefix cache to roll back, no shared block to copy on write.
+    def begin_step(self) -> None:
+        pass
+
+    def drop_step_cache(self) -> None:
+        pass
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        return []
+
+    def fork(self, parent: Request, child: Request) -> None:
+        raise ValueError("n > 1 shares the prompt's blocks, which a contiguous reservation cannot: use "
+                         "kv_layout='paged'")
+
     def free(self, request: Request) -> None:
         table = self.tables.pop(request.request_id, None)
         if table is not None and table.blocks:

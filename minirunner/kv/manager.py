@@ -1,5 +1,9 @@
 """KVCacheManager: gives requests KV blocks — allocation on demand, prefix-cache hits, caching full
-blocks as they fill, and freeing. Owns the request -> BlockTable map; never touches KV tensors."""
+blocks as they fill, forking a request's blocks (n > 1) with copy-on-write, and freeing.
+
+Owns the request -> BlockTable map and the list of block copies the runner must make before the next
+step; never touches KV tensors itself.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,17 @@ from minirunner.request import Request
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool):
-        self.pool = BlockPool(num_blocks, block_size)
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
+                 cache_salt: bytes = b""):
+        self.pool = BlockPool(num_blocks, block_size, cache_salt)
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.tables: dict[str, BlockTable] = {}
-        self._hashes: dict[str, list[int]] = {}  # chain hashes of a request's cached full blocks
+        self._hashes: dict[str, list[bytes]] = {}  # chain digests of a request's cached full blocks
+        # (src, dst) block copies owed before the next step runs (copy-on-write of shared blocks)
+        self.pending_copies: list[tuple[int, int]] = []
+        # (request id, block index, block) registered in the prefix cache since the last step began
+        self.step_cached: list[tuple[str, int, int]] = []
 
     def blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -30,7 +39,9 @@ class KVCacheManager:
     def find_cached_prefix(self, request: Request) -> list[int]:
         """Cached blocks holding the longest full-block prefix of the request's tokens. At least one
         token is always left to compute, since the step that computes it produces the logits."""
-        if not self.enable_prefix_caching:
+        # A forked child already holds its blocks; prompt logprobs need every prompt position run.
+        if not self.enable_prefix_caching or request.request_id in self.tables \
+                or request.params.prompt_logprobs is not None:
             return []
         tokens = request.all_token_ids
         max_blocks = (len(tokens) - 1) // self.block_size
@@ -47,10 +58,20 @@ class KVCacheManager:
     def can_allocate(self, request: Request, num_new_tokens: int,
                      cached_blocks: list[int] = (), headroom: int = 0) -> bool:
         table = self.tables.get(request.request_id) or BlockTable(self.block_size)
-        total = request.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
+        start = request.num_computed_tokens + len(cached_blocks) * self.block_size
+        total = start + num_new_tokens
         fresh = max(0, self.blocks_for_tokens(total) - len(table) - len(cached_blocks))
         revived = sum(1 for b in cached_blocks if self.pool.ref_counts[b] == 0)
-        return fresh + revived + headroom <= self.pool.num_free_blocks
+        copies = len(self._shared_in_range(table, start, total))
+        return fresh + revived + copies + headroom <= self.pool.num_free_blocks
+
+    def _shared_in_range(self, table: BlockTable, start: int, end: int) -> list[int]:
+        """Indices of table blocks that tokens [start, end) write into and another table holds."""
+        if end <= start:
+            return []
+        last = min((end - 1) // self.block_size, len(table) - 1)
+        return [i for i in range(start // self.block_size, last + 1)
+                if self.pool.ref_counts[table.blocks[i]] > 1]
 
     def allocate(self, request: Request, num_new_tokens: int,
                  cached_blocks: list[int] = (), headroom: int = 0) -> bool:
@@ -65,11 +86,40 @@ class KVCacheManager:
             table.blocks.append(block)
             hashes.append(self.pool.block_hash[block])
         if cached_blocks:
-            request.num_computed_tokens += len(cached_blocks) * self.block_size
-            request.num_cached_tokens = len(cached_blocks) * self.block_size
-        total = request.num_computed_tokens + num_new_tokens
+            cached_tokens = len(cached_blocks) * self.block_size
+            request.num_computed_tokens += cached_tokens
+            if request.num_preemptions == 0:  # first admission only, and prompt tokens only
+                request.num_cached_tokens = min(cached_tokens, len(request.prompt_token_ids))
+        start = request.num_computed_tokens
+        total = start + num_new_tokens
+        # Copy-on-write: a block another table still holds is copied before this request writes it.
+        for i in self._shared_in_range(table, start, total):
+            (dst,) = self.pool.allocate(1)
+            src = table.blocks[i]
+            self.pool.free([src])
+            table.replace(i, dst)
+            del hashes[i:]  # a written block is no longer the cached one (only partial blocks are)
+            self.pending_copies.append((src, dst))
         table.blocks.extend(self.pool.allocate(table.blocks_needed(total)))
         return True
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """Give ``child`` a table holding every block of ``parent`` (one more reference each): the
+        child shares the parent's prompt K/V and copies a shared block on its first write into it."""
+        if child.request_id in self.tables:
+            raise RuntimeError(f"request {child.request_id} already holds blocks")
+        blocks = list(self.tables[parent.request_id].blocks)
+        for block in blocks:
+            self.pool.share(block)
+        table = BlockTable(self.block_size)
+        table.blocks = blocks
+        self.tables[child.request_id] = table
+        self._hashes[child.request_id] = list(self._hashes.get(parent.request_id, []))
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The (src, dst) block copies owed before the next step; clears the list."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
 
     def cache_full_blocks(self, request: Request, num_tokens: int | None = None) -> None:
         """Register the blocks filled by the request's first ``num_tokens`` tokens (default: its
@@ -87,7 +137,26 @@ class KVCacheManager:
         for i in range(len(hashes), num_full):
             parent = hashes[-1] if hashes else None
             chunk = tuple(tokens[i * self.block_size:(i + 1) * self.block_size].tolist())
-            hashes.append(self.pool.cache_block(table.blocks[i], parent, chunk))
+            block = table.blocks[i]
+            newly = self.pool.block_hash[block] is None
+            hashes.append(self.pool.cache_block(block, parent, chunk))
+            if newly:
+                self.step_cached.append((request.request_id, i, block))
+
+    def begin_step(self) -> None:
+        """A new step is being scheduled: blocks cached from here on are written by it."""
+        self.step_cached.clear()
+
+    def drop_step_cache(self) -> None:
+        """The step failed mid-forward: forget the prefix keys of the blocks it registered (their K/V
+        may be half-written); every other cached block stays."""
+        for rid, index, block in self.step_cached:
+            self.pool.uncache(block)
+            hashes = self._hashes.get(rid)
+            if hashes is not None:
+                del hashes[index:]
+        self.step_cached.clear()
+        self.pending_copies.clear()
 
     def free(self, request: Request) -> None:
         table = self.tables.pop(request.request_id, None)

@@ -1,7 +1,10 @@
 """Loading a Hugging Face checkpoint directory: safetensors weights only, never a pickle.
 
 Owns turning config.json + *.safetensors into a ``DecoderLM`` on the requested device and dtype, with a
-clear error for a missing, pickled, corrupt or mismatched checkpoint.
+clear error for a missing, pickled, corrupt or mismatched checkpoint. The model is built on the meta
+device (no storage) and each checkpoint tensor is converted to the target dtype and device as it is read,
+then assigned: no full-size float32 copy of the model ever exists, so a bf16 checkpoint loaded in bf16
+peaks at about its own size plus one tensor.
 """
 
 from __future__ import annotations
@@ -42,27 +45,27 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
         try:
             with safe_open(str(file), framework="pt", device="cpu") as f:
                 for name in f.keys():
-                    if name in expected or name == "lm_head.weight":
-                        tensors[name] = f.get_tensor(name)
-        except (SafetensorError, OSError, ValueError) as e:
+                    if name not in expected:
+                        continue  # e.g. a tied lm_head saved anyway: embed_tokens is the one
+                    shape = tuple(f.get_slice(name).get_shape())
+                    if shape != tuple(expected[name].shape):
+                        raise ValueError(f"tensor {name!r} has shape {shape} but the config "
+                                         f"implies {tuple(expected[name].shape)}")
+                    # Straight to the target dtype and device, one tensor at a time.
+                    tensors[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+        except (SafetensorError, OSError) as e:
             raise ValueError(f"checkpoint file {file.name!r} is corrupt or unreadable ({e}); "
                              "re-download or re-save the model") from e
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise ValueError(f"checkpoint in {str(model_dir)!r} lacks {len(missing)} tensors the "
                          f"config needs, e.g. {missing[:3]}; does config.json match the weights?")
-    for name, param in expected.items():
-        if tuple(tensors[name].shape) != tuple(param.shape):
-            raise ValueError(f"tensor {name!r} has shape {tuple(tensors[name].shape)} but the config "
-                             f"implies {tuple(param.shape)}")
-    model = model.to_empty(device=device)
-    with torch.no_grad():
-        params = dict(model.named_parameters(remove_duplicate=False))
-        for name in expected:
-            params[name].copy_(tensors[name])
-    if config.tie_word_embeddings:  # to_empty() gives every parameter its own storage: tie again
+    model.load_state_dict(tensors, strict=False, assign=True)
+    if config.tie_word_embeddings:  # assign replaced embed_tokens' parameter: tie lm_head to it
         model.lm_head.weight = model.model.embed_tokens.weight
-    model = model.to(dtype=dtype).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model.eval()
     # RoPE frequencies stay fp32 whatever the weights' dtype (as in transformers).
     model.rotary.inv_freq = inverse_frequencies(
         config.head_dim, config.rope_theta, config.rope_scaling).to(device)

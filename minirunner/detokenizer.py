@@ -1,0 +1,109 @@
+"""Incremental detokenisation of one request's output, with stop strings and a streaming holdback.
+
+Owns turning output token ids into text a few tokens at a time (an offset scheme: only a short window
+of recent tokens is decoded per step, so the cost per token does not grow with the output), finding stop
+strings, and deciding how much text is safe to stream. Text once streamed is never taken back: streamed
+text never ends in an incomplete character or in a prefix of a stop string, so the concatenation of
+every chunk's text equals the final output text. Never touches tokens' K/V or the scheduler.
+"""
+
+from __future__ import annotations
+
+_REPLACEMENT = "\ufffd"  # what a decoder yields for an incomplete UTF-8 sequence
+
+
+class IncrementalDetokenizer:
+    """Per-request text state.
+
+    ``prefix_offset:read_offset`` are the tokens whose text was last emitted (kept as left context so
+    that a decoder that strips a leading space or merges bytes sees the same window both times);
+    tokens after ``read_offset`` are pending (their text was incomplete).
+    """
+
+    __slots__ = ("tokenizer", "skip_special_tokens", "stop", "include_stop", "min_tokens",
+                 "token_ids", "prefix_offset", "read_offset", "output_text", "num_sent", "finished",
+                 "stop_check_offset")
+
+    def __init__(self, tokenizer, skip_special_tokens: bool = True, stop: list[str] = (),
+                 include_stop_str_in_output: bool = False, min_tokens: int = 0):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.stop = list(stop)
+        self.include_stop = include_stop_str_in_output
+        self.min_tokens = min_tokens
+        self.token_ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+        self.output_text = ""
+        self.num_sent = 0  # characters of output_text already streamed
+        self.finished = False
+        self.stop_check_offset = 0  # stop strings match only text after the first min_tokens tokens
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def append(self, token_id: int) -> str | None:
+        """Add one output token; returns the stop string it completed (the text is then cut there),
+        or None."""
+        self.token_ids.append(token_id)
+        prefix_text = self._decode(self.token_ids[self.prefix_offset:self.read_offset])
+        new_text = self._decode(self.token_ids[self.prefix_offset:])
+        if len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT):
+            return None  # a special token skipped, or a character still incomplete: wait
+        delta = new_text[len(prefix_text):]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
+        self.output_text += delta
+        # As vLLM: stop strings are looked for only in text that follows the first min_tokens tokens.
+        if len(self.token_ids) <= self.min_tokens:
+            self.stop_check_offset = len(self.output_text)
+        elif self.stop:
+            return self._find_stop(len(delta))
+        return None
+
+    def _find_stop(self, num_new_chars: int) -> str | None:
+        text = self.output_text
+        best: tuple[int, str] | None = None
+        for stop in self.stop:
+            # A new match must end inside the new characters.
+            start = max(self.stop_check_offset, len(text) - num_new_chars - len(stop) + 1)
+            pos = text.find(stop, start)
+            if pos >= 0 and (best is None or pos < best[0]):
+                best = (pos, stop)
+        if best is None:
+            return None
+        pos, stop = best
+        self.output_text = text[:pos + len(stop)] if self.include_stop else text[:pos]
+        self.finished = True
+        return stop
+
+    def finish(self, stopped_by_string: bool = False) -> None:
+        """The request ended: flush text held for an incomplete character (a stop string already cut
+        the text, so nothing after it is added)."""
+        if not stopped_by_string and self.read_offset < len(self.token_ids):
+            prefix_text = self._decode(self.token_ids[self.prefix_offset:self.read_offset])
+            new_text = self._decode(self.token_ids[self.prefix_offset:])
+            self.output_text += new_text[len(prefix_text):]
+            self.read_offset = len(self.token_ids)
+        self.finished = True
+
+    def _holdback(self) -> int:
+        """Characters at the end of the text that may still become a stop string."""
+        if self.finished or self.include_stop or not self.stop:
+            return 0
+        text = self.output_text
+        longest = 0
+        for stop in self.stop:
+            for k in range(min(len(stop) - 1, len(text)), longest, -1):
+                if text.endswith(stop[:k]):
+                    longest = k
+                    break
+        return longest
+
+    def take_delta(self) -> str:
+        """The text not streamed yet that can never be taken back; marks it streamed."""
+        end = len(self.output_text) - self._holdback()
+        if end <= self.num_sent:
+            return ""
+        delta = self.output_text[self.num_sent:end]
+        self.num_sent = end
+        return delta

@@ -1,0 +1,172 @@
+"""Streaming is exact: a completion's chunks concatenate to its final text for stop strings spanning 2-3
+tokens, multi-byte characters split across byte-level tokens, and every way a request can end."""
+
+from __future__ import annotations
+
+import pytest
+from tiny_models import add_tokenizer, make_tiny_model
+
+from minirunner import LLM, SamplingParams
+from minirunner.detokenizer import IncrementalDetokenizer
+
+MULTIBYTE = "naïve café — 日本語 🙂 ok ü 🚀"
+
+
+def _byte_level_tokenizer(path, vocab_size: int):
+    """A byte-level BPE (GPT-2 style) with few merges, so multi-byte characters span tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the quick brown fox " * 20], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
+                                   eos_token="</s>")
+    fast.save_pretrained(path)
+    return fast
+
+
+@pytest.fixture(scope="module")
+def metaspace_llm(tmp_path_factory):
+    path, _ = make_tiny_model(tmp_path_factory.mktemp("stream"), "llama_gqa")
+    add_tokenizer(path)
+    return LLM(str(path), dtype="float32", device="cpu", attention_backend="torch")
+
+
+@pytest.fixture(scope="module")
+def byte_llm(tmp_path_factory):
+    path, _ = make_tiny_model(tmp_path_factory.mktemp("bytes"), "llama", vocab_size=300)
+    _byte_level_tokenizer(path, 300)
+    return LLM(str(path), dtype="float32", device="cpu", attention_backend="torch")
+
+
+def _stream(llm, prompts, params):
+    """Run llm.stream; returns {(prompt, completion): concatenated text} and the final outputs."""
+    texts, finals = {}, {}
+    for chunk in llm.stream(prompts, params):
+        key = (chunk.index, chunk.output_index)
+        # Random byte tokens can make invalid UTF-8 (a lasting U+FFFD); an incomplete character at
+        # the end of the text is what must never go out before the request ends.
+        assert not chunk.new_text.endswith("\ufffd") or chunk.finished, "streamed a partial character"
+        texts[key] = texts.get(key, "") + chunk.new_text
+        if chunk.output is not None:
+            finals[chunk.index] = chunk.output
+    return texts, finals
+
+
+def test_detokenizer_never_streams_half_a_character(tmp_path):
+    tok = _byte_level_tokenizer(tmp_path, 270)
+    ids = tok.encode(MULTIBYTE, add_special_tokens=False)
+    assert len(ids) > len(MULTIBYTE), "multi-byte characters should span several tokens"
+    detok = IncrementalDetokenizer(tok)
+    chunks = []
+    for t in ids:
+        detok.append(t)
+        chunks.append(detok.take_delta())
+    detok.finish()
+    chunks.append(detok.take_delta())
+    assert all("\ufffd" not in c for c in chunks)
+    assert "".join(chunks) == MULTIBYTE == detok.output_text
+    assert sum(1 for c in chunks if c == "") > 0, "some tokens end mid-character and must wait"
+
+
+def test_detokenizer_holds_back_a_possible_stop_string(tmp_path):
+    tok = _byte_level_tokenizer(tmp_path, 270)
+    text = "the quick brown fox jumps"
+    ids = tok.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tok, stop=["fox j"])
+    sent, stopped = "", None
+    for t in ids:
+        stopped = detok.append(t)
+        sent += detok.take_delta()
+        assert not sent.endswith(("f", "fo", "fox", "fox ")), f"streamed a stop prefix: {sent!r}"
+        if stopped:
+            break
+    detok.finish(stopped_by_string=True)
+    sent += detok.take_delta()
+    assert stopped == "fox j" and sent == detok.output_text == "the quick brown "
+
+
+def _token_boundaries(tok, ids):
+    """Character offset at which each output token's text ends (decoding prefixes)."""
+    return [len(tok.decode(ids[:j], skip_special_tokens=True)) for j in range(1, len(ids) + 1)]
+
+
+@pytest.mark.parametrize("span", [2, 3])
+@pytest.mark.parametrize("include", [False, True])
+def test_stop_string_spanning_tokens(metaspace_llm, span, include):
+    llm = metaspace_llm
+    tok = llm.get_tokenizer()
+    prompts = ["the quick", "all that glitters", "to be or"]
+    free = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+                        use_tqdm=False)
+    stops = []
+    for out in free:
+        ids, full = out.outputs[0].token_ids, out.outputs[0].text
+        ends = _token_boundaries(tok, ids)
+        # A stop string from the last character of token j to the first of token j + span - 1.
+        j = next(j for j in range(2, len(ids) - span)
+                 if all(ends[k] < ends[k + 1] for k in range(j - 1, j + span - 1)))
+        stops.append(full[ends[j] - 1:ends[j + span - 2] + 1])
+    for i, stop in enumerate(stops):
+        full = free[i].outputs[0].text
+        params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[stop],
+                                include_stop_str_in_output=include)
+        texts, finals = _stream(llm, [prompts[i]], params)
+        final = finals[0].outputs[0]
+        pos = full.find(stop)
+        assert final.finish_reason == "stop" and final.stop_reason == stop
+        assert final.text == full[:pos + (len(stop) if include else 0)]
+        assert texts[(0, 0)] == final.text
+        assert llm.generate([prompts[i]], params, use_tqdm=False)[0].outputs[0].text == final.text
+
+
+def test_multibyte_output_streams_exactly(byte_llm):
+    prompts = [[5, 6, 7], [100, 200, 250, 3], [33] * 9]
+    params = SamplingParams(temperature=1.0, seed=7, max_tokens=40, ignore_eos=True)
+    texts, finals = _stream(byte_llm, prompts, params)
+    tok = byte_llm.get_tokenizer()
+    for i, out in finals.items():
+        final = out.outputs[0]
+        assert texts[(i, 0)] == final.text
+        assert final.text == tok.decode(final.token_ids, skip_special_tokens=True)
+    assert any(ord(c) > 127 for out in finals.values() for c in out.outputs[0].text), \
+        "random byte tokens should have produced some multi-byte text"
+
+
+@pytest.mark.parametrize("how", ["eos", "stop_token", "length", "stop_string", "n=3"])
+def test_every_stop_condition_streams_exactly(metaspace_llm, how):
+    llm = metaspace_llm
+    prompt = "the quick"
+    base = dict(temperature=0, max_tokens=16)
+    free = llm.generate([prompt], SamplingParams(**base, ignore_eos=True), use_tqdm=False)[0]
+    ids = free.outputs[0].token_ids
+    params = {
+        # EOS (</s> = 2) pushed to the top by logit_bias, held off by min_tokens until 4 tokens.
+        "eos": SamplingParams(**base, logit_bias={2: 100.0}, min_tokens=4),
+        "stop_token": SamplingParams(**base, ignore_eos=True, stop_token_ids=[ids[5]]),
+        "length": SamplingParams(**base, ignore_eos=True),
+        "stop_string": SamplingParams(**base, ignore_eos=True, stop=free.outputs[0].text[6:8]),
+        "n=3": SamplingParams(temperature=1.0, seed=5, n=3, max_tokens=16, ignore_eos=True,
+                              stop=["e"]),
+    }[how]
+    texts, finals = _stream(llm, [prompt], params)
+    out = finals[0]
+    for c in out.outputs:
+        assert texts[(0, c.index)] == c.text
+    first = out.outputs[0]
+    if how == "eos":
+        assert first.token_ids == ids[:4] + [2] and first.stop_reason is None
+        assert first.finish_reason == "stop" and first.text == free.outputs[0].text[:len(first.text)]
+    elif how == "stop_token":
+        assert first.token_ids == ids[:ids.index(ids[5]) + 1] and first.stop_reason == ids[5]
+        # As vLLM: the stop token's own text is not in the output.
+        tok = llm.get_tokenizer()
+        assert first.text == tok.decode(first.token_ids[:-1], skip_special_tokens=True)
+    elif how == "length":
+        assert first.finish_reason == "length" and first.text == free.outputs[0].text
+    elif how == "n=3":
+        assert [c.index for c in out.outputs] == [0, 1, 2]
