@@ -144,19 +144,23 @@ class DecodeGraphs:
                 self.num_compiled += 1
             return step()
         self.runner.backend.prepare_replay(self.runner.static_decode_meta(size), size)
-        if key not in self._graphs:
-            self.capture([size], kind)
+        if key not in self._graphs:  # a sampler kind first seen now: capture over this step's own rows
+            self.capture([size], kind, fill_padding=False)
         graph, outputs = self._graphs[key]
         graph.replay()
         return outputs
 
     # -- CUDA graphs ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def capture(self, sizes: Sequence[int] | None = None, kind: str = "greedy") -> None:
+    def capture(self, sizes: Sequence[int] | None = None, kind: str = "greedy",
+                fill_padding: bool = True) -> None:
         """Capture the steps of ``sizes`` (default: every bucket), largest first so the smaller graphs
         reuse the largest one's memory from the shared pool. Each is warmed up eagerly on a side stream
         first (lazy initialisation, autotuning and allocator growth happen outside the capture).
-        Capturing writes the KV cache's null block only: the runner's buffers hold padding rows."""
+        ``fill_padding``: make every row a padding row first, so the warm-up writes the KV cache's null
+        block only (at start-up). False keeps the rows the runner wrote for the step about to replay
+        (a lazy capture mid-run): the warm-up then writes the same K/V the replay writes, at the same
+        slots, and the buffers still hold the step's inputs."""
         if self.mode != "cuda":
             raise ValueError("capture() is for graph_mode='cuda'; compile mode compiles lazily in run()")
         r = self.runner
@@ -165,7 +169,8 @@ class DecodeGraphs:
         for size in sorted(sizes or self.sizes, reverse=True):
             if (size, kind) in self._graphs:
                 continue
-            r.write_padding_rows(0, size)  # a valid all-padding batch: every row writes slot -1
+            if fill_padding:
+                r.write_padding_rows(0, size)  # a valid all-padding batch: every row writes slot -1
             r.backend.prepare_replay(r.static_decode_meta(size), size)
             step = self.step_fn(size, kind)
             side = torch.cuda.Stream()
