@@ -301,6 +301,19 @@ def _default_num_splits(num_programs: int, max_kv_len: int, device: torch.device
     return max(1, min(by_occupancy, by_length, 16))
 
 
+def decode_workspace(q: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, ...]:
+    """The buffers :func:`paged_decode` writes for q [num_seqs, num_q_heads, head_dim]: (out like q,
+    fp32 split-KV partials part_acc [num_seqs, num_q_heads, num_splits, head_dim], part_m and part_l
+    [num_seqs, num_q_heads, num_splits]); with one split the partials are unused aliases of out."""
+    out = torch.empty_like(q)
+    if num_splits == 1:
+        return out, out, out, out
+    s, hq, d = q.shape
+    part_acc = torch.empty(s, hq, num_splits, d, device=q.device, dtype=torch.float32)
+    part_m = torch.empty(s, hq, num_splits, device=q.device, dtype=torch.float32)
+    return out, part_acc, part_m, torch.empty_like(part_m)
+
+
 def paged_decode(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -310,6 +323,7 @@ def paged_decode(
     *,
     num_splits: int | None = None,
     tile: int | None = None,
+    workspace: tuple[torch.Tensor, ...] | None = None,
 ) -> torch.Tensor:
     """Decode attention in Triton; same contract as :func:`paged_decode_ref`.
 
@@ -318,7 +332,9 @@ def paged_decode(
     [num_seqs] incl. the current token (0 = padding row -> zeros). Returns [num_seqs, num_q_heads, head_dim].
     num_splits (keyword, optional): programs per (sequence, KV head) along the sequence; None picks one
     from the GPU's size (always 1 on CPU). tile: KV tokens per inner step (power of 2, >= 16;
-    None: 64 on CUDA, 32 in the interpreter).
+    None: 64 on CUDA, 32 in the interpreter). workspace (keyword, optional): preallocated (out, part_acc,
+    part_m, part_l) from :func:`decode_workspace` for these shapes and num_splits, so a captured CUDA
+    graph allocates nothing.
     """
     q, block_tables = _check_attention_inputs(q, kv_cache, block_tables)
     num_seqs, num_q_heads, head_dim = q.shape
@@ -330,16 +346,11 @@ def paged_decode(
                                          block_tables.shape[1] * block_size, q.device)
     if tile is None:
         tile = 64 if q.device.type == "cuda" else 32
-    out = torch.empty_like(q)
+    if workspace is None:
+        workspace = decode_workspace(q, num_splits)
+    out, part_acc, part_m, part_l = workspace
     if num_seqs == 0:
         return out
-    if num_splits > 1:
-        part_acc = torch.empty(num_seqs, num_q_heads, num_splits, head_dim, device=q.device,
-                               dtype=torch.float32)
-        part_m = torch.empty(num_seqs, num_q_heads, num_splits, device=q.device, dtype=torch.float32)
-        part_l = torch.empty_like(part_m)
-    else:
-        part_acc = part_m = part_l = out  # unused
     head_dim_pad = max(16, _next_pow2(head_dim))
     _paged_attention_kernel[(num_seqs, num_kv_heads, num_splits)](
         out, q, kv_cache, block_tables, seq_lens, seq_lens,

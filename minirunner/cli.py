@@ -29,6 +29,11 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-prefix-caching", action="store_true", help="share KV of common prefixes")
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton", "flashinfer"],
                    help="auto = flashinfer, else triton on CUDA; torch on CPU")
+    p.add_argument("--graph-mode", default="auto", choices=["auto", "none", "cuda", "compile"],
+                   help="decode steps as graphs: auto = cuda on a GPU, none on a CPU; compile = "
+                        "torch.compile per batch bucket")
+    p.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None, metavar="N",
+                   help="the bucket ladder (default 1 2 4 8 then multiples of 8 up to --max-num-seqs)")
     p.add_argument("--num-threads", default="auto",
                    help="CPU threads for torch: auto = 1 for a model under 100M parameters, else torch's "
                         "default; or a number")
@@ -39,6 +44,7 @@ def _llm_kwargs(args) -> dict:
                 num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len,
                 max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                 enable_prefix_caching=args.enable_prefix_caching, attention_backend=args.attention_backend,
+                graph_mode=args.graph_mode, cudagraph_capture_sizes=args.cudagraph_capture_sizes,
                 num_threads=args.num_threads if args.num_threads == "auto" else _int(args.num_threads))
 
 

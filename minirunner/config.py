@@ -162,8 +162,17 @@ class EngineConfig:
     kv_layout: str = "paged"  # "paged" | "contiguous" (reserve max_model_len) | "contiguous_exact"
     trace_block_tables: bool = False
     num_threads: int | str | None = "auto"  # CPU only: torch threads ("auto": see LLMEngine)
+    graph_mode: str = "none"  # "auto" | "none" | "cuda" | "compile" (minirunner/graphs.py); validate resolves
+    cudagraph_capture_sizes: list[int] | None = None  # the bucket ladder (None: graphs.capture_sizes)
 
     def validate(self, model_config: ModelConfig) -> None:
+        from minirunner.graphs import capture_sizes, resolve_graph_mode
+
+        self.graph_mode = resolve_graph_mode(self.graph_mode, self.device)
+        if self.graph_mode == "compile" and self.attention_backend not in ("auto", "torch"):
+            raise ValueError(f"graph_mode='compile' needs attention_backend='torch' (got "
+                             f"{self.attention_backend!r}): torch.compile traces the torch backend; the "
+                             "Triton/FlashInfer kernels are captured with graph_mode='cuda'")
         if not (self.num_threads in (None, "auto") or (isinstance(self.num_threads, int)
                                                         and self.num_threads >= 1)):
             raise ValueError(f"num_threads must be 'auto', None (leave torch's setting) or an integer "
@@ -194,3 +203,5 @@ class EngineConfig:
             raise ValueError(f"the model uses sliding-window attention (window {window}), which "
                              f"minirunner does not implement; pass max_model_len <= {window} so the "
                              "window never applies")
+        if self.cudagraph_capture_sizes is not None:
+            self.cudagraph_capture_sizes = capture_sizes(self.max_num_seqs, self.cudagraph_capture_sizes)

@@ -30,7 +30,7 @@ from minirunner.model.loader import load_model
 from minirunner.outputs import RequestOutput, build_request_output
 from minirunner.parallel_sampling import child_id, child_seed, fork_children
 from minirunner.request import Request
-from minirunner.runner import ModelRunner
+from minirunner.runner import ModelRunner, StepGraphInfo
 from minirunner.sampling_params import SamplingParams
 from minirunner.scheduler import Scheduler
 from minirunner.tokenizer import load_tokenizer
@@ -51,7 +51,8 @@ class StepTrace:
     ``blocks_used_after`` is what stays in use once they have. ``kv_slots_used`` counts tokens whose K/V
     the cache holds (a shared block counted once), ``kv_slots_allocated`` the slots of the blocks in use.
     ``block_tables`` is filled only with ``LLM(trace_block_tables=True)`` (copying every table each step
-    costs time a benchmark should not pay).
+    costs time a benchmark should not pay). ``graph``, ``bucket_size`` and ``num_padded_rows`` say whether
+    the step was one replay of a padded bucket (minirunner/graphs.py) or ran eager.
     """
 
     step: int
@@ -73,6 +74,9 @@ class StepTrace:
     finished_ids: list[str]
     block_tables: dict[str, list[int]] = field(default_factory=dict)
     duration_s: float = 0.0
+    graph: str = "eager"  # how the step ran: "eager", "compile" or "cuda" (one replay of a bucket)
+    bucket_size: int | None = None  # the padded batch of a graph step
+    num_padded_rows: int = 0  # bucket_size - requests in the step
 
 
 class LLMEngine:
@@ -106,6 +110,11 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.backend, self.num_kv_blocks, config.block_size,
                                   config.max_num_seqs, config.max_num_batched_tokens,
                                   config.max_model_len)
+        if config.graph_mode != "none":
+            from minirunner.graphs import capture_sizes
+
+            self.runner.enable_graphs(config.graph_mode,
+                                      capture_sizes(config.max_num_seqs, config.cudagraph_capture_sizes))
         self.requests: dict[str, Request] = {}  # every live completion, by its own id
         self.groups: dict[str, list[Request]] = {}  # add_request's id -> its n completions
         self._token_text: dict[int, str] = {}
@@ -278,6 +287,7 @@ class LLMEngine:
         produced: list[tuple[Request, list[int]]] = []
         finished: list[str] = []
         occupancy = None
+        self.runner.last_step = StepGraphInfo()
         if sched.scheduled:
             try:
                 copies = self.kv.take_copies()  # copy-on-write of shared blocks, before any write
@@ -379,6 +389,9 @@ class LLMEngine:
             preempted_ids=list(sched.preempted),
             finished_ids=finished,
             duration_s=duration,
+            graph=self.runner.last_step.graph,
+            bucket_size=self.runner.last_step.bucket_size,
+            num_padded_rows=self.runner.last_step.num_padded_rows,
             **occupancy,
         ))
         self._steps += 1

@@ -52,13 +52,23 @@ class LLM:
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, attention_backend: str = "auto",
                  seed: int = 0, kv_layout: str = "paged", trace_block_tables: bool = False,
-                 num_threads: int | str | None = "auto"):
+                 num_threads: int | str | None = "auto", graph_mode: str = "auto",
+                 enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None):
+        """``graph_mode``: "auto" (cuda on a CUDA device, none on a CPU), "none" (eager), "cuda" (a CUDA
+        graph per decode bucket), "compile" (torch.compile per bucket: the CPU analogue).
+        ``enforce_eager=True`` is vLLM's name for graph_mode="none". ``cudagraph_capture_sizes``: the
+        bucket ladder (default [1, 2, 4, 8] then multiples of 8 up to max_num_seqs)."""
         if model is None:
             model = default_model_dir()
             if not (Path(model) / "config.json").is_file():
                 raise ValueError("the embedded default model is missing from this installation; "
                                  "pass model=<checkpoint directory>")
         device = _resolve_device(device)
+        if enforce_eager:
+            if graph_mode not in ("auto", "none"):
+                raise ValueError(f"enforce_eager=True asks for eager steps but graph_mode={graph_mode!r} "
+                                 "asks for graphs: pass one of them")
+            graph_mode = "none"
         model_config = ModelConfig.from_dir(model)
         config = EngineConfig(
             model=str(model), dtype=_resolve_dtype(dtype, device, model_config.config_dtype),
@@ -68,7 +78,8 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
             attention_backend=attention_backend, seed=seed, kv_layout=kv_layout,
-            trace_block_tables=trace_block_tables, num_threads=num_threads)
+            trace_block_tables=trace_block_tables, num_threads=num_threads, graph_mode=graph_mode,
+            cudagraph_capture_sizes=cudagraph_capture_sizes)
         self.engine = LLMEngine(config, model_config)
 
     def get_tokenizer(self):

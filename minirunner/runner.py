@@ -6,8 +6,10 @@ One step is five stages, each a method a notebook can call and inspect:
 Owns the KV cache tensors, the static per-step buffers (input_ids, positions, slot_mapping,
 query_start_loc, seq_lens, block_tables), and persistent per-request state rows (block-table row,
 sampling parameters): a step writes only what changed (new block ids) and gathers the batch's rows.
-Buffers are allocated once at their maximum size and every step writes into them, so a later CUDA-graph
-capture can reuse the same storage. It never decides what to schedule.
+Buffers are allocated once at their maximum size and every step writes into them, so a captured or
+compiled decode step (minirunner/graphs.py) replays over the same storage. A decode batch of B requests
+whose B has a bucket runs padded to that bucket: every row of it is written each step (padding rows: slot
+-1, seq_len 0, token 0, greedy), so no step reads a stale tail. It never decides what to schedule.
 
 The KV tensors hold one block more than the pool hands out: the null block (the last one), where padding
 rows (slot -1) may write.
@@ -24,6 +26,7 @@ from kernels._triton import HAS_TRITON
 from kernels.sampling import sample, sample_ref
 from minirunner.attention import AttentionMetadata
 from minirunner.attention.base import AttentionBackend
+from minirunner.graphs import DecodeGraphs
 from minirunner.kv.block_table import BlockTable
 from minirunner.kv.manager import KVCacheManager
 from minirunner.logits_processing import LogitsProcessors, apply_logits_processors
@@ -51,6 +54,16 @@ class StepInputs:
     sample_rows: np.ndarray
     sample_positions: torch.Tensor
     sample_requests: list[Request]
+
+
+@dataclass(slots=True)
+class StepGraphInfo:
+    """How the last step ran: ``graph`` "eager", "compile" or "cuda"; ``bucket_size`` the padded batch
+    of a graph step (None when eager); ``num_padded_rows`` = bucket_size - requests."""
+
+    graph: str = "eager"
+    bucket_size: int | None = None
+    num_padded_rows: int = 0
 
 
 class _StateRows:
@@ -135,9 +148,25 @@ class ModelRunner:
         self.block_tables = self._buffer((S, self.max_blocks_per_seq), torch.int32)
         self.logits_indices = self._buffer(S, torch.int64)
         self.sample_positions = self._buffer(S, torch.int64)
+        # Sampling parameters of a graph step's rows, read inside the replay.
+        self.temperatures = self._buffer(S, torch.float32)
+        self.top_k = self._buffer(S, torch.int64)
+        self.top_p = self._buffer(S, torch.float32)
+        self.seeds = self._buffer(S, torch.int64)
+        self._static_meta: dict[int, AttentionMetadata] = {}
+        self.graphs: DecodeGraphs | None = None
+        self.last_step = StepGraphInfo()
         self.logits_processors = LogitsProcessors(cfg.vocab_size, self.device)
         self.last_logprobs: TokenLogprobs | None = None  # sampled rows, when any asked for logprobs
         self.last_prompt_logprobs: dict[str, tuple[int, TokenLogprobs]] = {}
+
+    def enable_graphs(self, mode: str, sizes: list[int]) -> DecodeGraphs:
+        """Run decode batches that fit a bucket of ``sizes`` as one compiled ("compile") or captured
+        ("cuda") step; under "cuda" every bucket's greedy step is captured now, largest first."""
+        self.graphs = DecodeGraphs(self, mode, sizes)
+        if mode == "cuda":
+            self.graphs.capture(kind="greedy")
+        return self.graphs
 
     @torch.inference_mode()
     def copy_blocks(self, src: list[int], dst: list[int]) -> None:
@@ -171,13 +200,54 @@ class ModelRunner:
         view.copy_(host[index], non_blocking=True)
         return view
 
+    def static_decode_meta(self, size: int) -> AttentionMetadata:
+        """The metadata a graph step of bucket ``size`` reads: views of the first ``size`` rows of the
+        static buffers (fixed storage), the block tables at their full width (a static shape)."""
+        meta = self._static_meta.get(size)
+        if meta is None:
+            qsl, lens = self.query_start_loc[:size + 1], self.seq_lens[:size]
+            tables = self.block_tables[:size]
+            meta = self._static_meta[size] = AttentionMetadata(
+                positions=self.positions[:size], slot_mapping=self.slot_mapping[:size],
+                query_start_loc=qsl, seq_lens=lens, block_tables=tables,
+                query_start_loc_cpu=self._host[qsl.data_ptr()][0][:size + 1],
+                seq_lens_cpu=self._host[lens.data_ptr()][0][:size],
+                max_query_len=1, max_seq_len=self.max_blocks_per_seq * self.block_size,
+                block_size=self.block_size,
+                block_tables_cpu=self._host[tables.data_ptr()][0][:size])
+        return meta
+
+    def write_padding_rows(self, start: int, end: int) -> None:
+        """Rows [start, end) of the decode buffers become padding rows: token 0 at position 0, slot -1
+        (the null block), seq_len 0, block-table row 0, greedy; query_start_loc[: end + 1] = 0..end."""
+        n = end - start
+        for buf, value in ((self.input_ids, 0), (self.positions, 0), (self.slot_mapping, -1),
+                           (self.seq_lens, 0), (self.temperatures, 0), (self.top_k, 0),
+                           (self.top_p, 1), (self.seeds, 0), (self.sample_positions, 0)):
+            self._put_rows(buf, start, np.full(n, value))
+        self._put_rows(self.block_tables, start, np.zeros((n, self.max_blocks_per_seq), np.int32))
+        self._put(self.query_start_loc, np.arange(end + 1, dtype=np.int32))
+
+    def _put_rows(self, buf: torch.Tensor, start: int, arr: np.ndarray) -> None:
+        """Write a host array into rows [start, start + len(arr)) of a static buffer."""
+        host, host_np = self._host[buf.data_ptr()]
+        end = start + len(arr)
+        host_np[start:end] = arr
+        if host is not buf:
+            buf[start:end].copy_(host[start:end], non_blocking=True)
+
     def free_request(self, request_id: str) -> None:
         """Forget a finished, aborted or preempted request's state row."""
         self.state.release(request_id)
 
     # -- the five stages ------------------------------------------------------------------------
-    def prepare_inputs(self, scheduled: list[ScheduledRequest], kv: KVCacheManager) -> StepInputs:
-        """Fill the step buffers from the scheduler's decisions (host work, numpy, no device sync)."""
+    def prepare_inputs(self, scheduled: list[ScheduledRequest], kv: KVCacheManager,
+                       bucket: int | None = None) -> StepInputs:
+        """Fill the step buffers from the scheduler's decisions (host work, numpy, no device sync).
+
+        ``bucket``: a decode-only batch padded to this many rows for a graph step: rows past the batch
+        become padding rows, block tables are written at their full width, and the sampling parameters
+        go to their static buffers; the returned metadata describes the padded batch."""
         S = len(scheduled)
         state, B = self.state, self.block_size
         rows = np.empty(S, dtype=np.int64)
@@ -202,8 +272,14 @@ class ModelRunner:
             + positions % B
         seq_lens = (starts + qlens).astype(np.int32)
         max_seq_len = int(seq_lens.max())
-        nb = -(-max_seq_len // B)
-        self._put(self.block_tables, state.block_tables[rows, :nb])
+        logits_rows = (qsl[1:][samples] - 1).astype(np.int64)
+        sample_positions = seq_lens[samples].astype(np.int64)
+        if bucket is None:
+            self._put(self.block_tables, state.block_tables[rows, :-(-max_seq_len // B)])
+        else:  # every request samples: the padded rows follow the batch's
+            ids, positions, slots, seq_lens, qsl, sample_positions = self._pad_decode(
+                ids, positions, slots, seq_lens, sample_positions, rows, bucket)
+            S = bucket
         meta = AttentionMetadata(
             positions=self._put(self.positions, positions),
             slot_mapping=self._put(self.slot_mapping, slots),
@@ -219,11 +295,49 @@ class ModelRunner:
         return StepInputs(
             input_ids=self._put(self.input_ids, ids),
             meta=meta,
-            logits_indices=self._put(self.logits_indices, (qsl[1:][samples] - 1).astype(np.int64)),
+            logits_indices=self._put(self.logits_indices, logits_rows),
             sample_rows=rows[samples],
-            sample_positions=self._put(self.sample_positions, seq_lens[samples].astype(np.int64)),
+            sample_positions=self._put(self.sample_positions, sample_positions),
             sample_requests=[s.request for s, flag in zip(scheduled, samples, strict=True) if flag],
         )
+
+    def _pad_decode(self, ids, positions, slots, seq_lens, sample_positions, rows: np.ndarray,
+                    bucket: int):
+        """Pad a decode batch's arrays to ``bucket`` rows and write the graph step's static buffers."""
+        state, pad = self.state, bucket - len(rows)
+
+        def padded(arr, value):
+            return np.concatenate((arr, np.full(pad, value, dtype=arr.dtype)))
+
+        tables = np.zeros((bucket, self.max_blocks_per_seq), dtype=np.int32)
+        tables[:len(rows)] = state.block_tables[rows]  # full width: a static shape for the step
+        self._put(self.block_tables, tables)
+        self._put(self.temperatures, padded(state.temperature[rows], 0))
+        self._put(self.top_k, padded(state.top_k[rows], 0))
+        self._put(self.top_p, padded(state.top_p[rows], 1))
+        self._put(self.seeds, padded(state.seed[rows], 0))
+        return (padded(ids, 0), padded(positions, 0), padded(slots, -1), padded(seq_lens, 0),
+                np.arange(bucket + 1, dtype=np.int32), padded(sample_positions, 0))
+
+    def graph_bucket(self, scheduled: list[ScheduledRequest]) -> int | None:
+        """The bucket this step replays, or None (eager): only decode-only steps in which every request
+        samples (one new token each), whose batch fits a bucket, and whose sampling needs nothing the
+        replay lacks (logit bias, min_tokens suppression, penalties, min_p and prompt logprobs are
+        applied on the host's per-request state: such steps run eager)."""
+        if self.graphs is None or not all(s.num_new_tokens == 1 and s.samples and _graph_ready(s.request)
+                                          for s in scheduled):
+            return None
+        return self.graphs.bucket(len(scheduled))
+
+    def sampler_kind(self, rows: np.ndarray) -> str:
+        """Which compiled sampler a graph step of these state rows needs: greedy, sample or filter."""
+        state = self.state
+        if not state.temperature[rows].any():
+            return "greedy"
+        top_k, vocab = state.top_k[rows], self.model.config.vocab_size
+        if ((top_k > 0) & (top_k < vocab)).any() or (state.top_p[rows] < 1).any():
+            return "filter"
+        return "sample"
 
     def run_model(self, inputs: StepInputs) -> torch.Tensor:
         """The forward pass: every layer writes its K/V by slot and attends. Returns hidden states
@@ -262,7 +376,18 @@ class ModelRunner:
     def execute(self, scheduled: list[ScheduledRequest], kv: KVCacheManager):
         """Run one step. Returns (token ids sampled for the requests whose step ``samples``, in order,
         their fp32 logits [n, vocab] (raw: before penalties, bias and temperature) or None)."""
-        inputs = self.prepare_inputs(scheduled, kv)
+        bucket = self.graph_bucket(scheduled)
+        inputs = self.prepare_inputs(scheduled, kv, bucket)
+        if bucket is not None:
+            n = len(scheduled)
+            tokens, logits = self.graphs.run(bucket, self.sampler_kind(inputs.sample_rows))
+            self.last_step = StepGraphInfo(self.graphs.mode, bucket, bucket - n)
+            # The replay's outputs are overwritten by the next replay: the logits are copied out.
+            tokens, logits = tokens[:n], logits[:n].clone()
+            self.last_prompt_logprobs = {}
+            self._score_logprobs(logits, tokens, inputs)
+            return self.postprocess(tokens), logits
+        self.last_step = StepGraphInfo()
         hidden = self.run_model(inputs)
         self.last_prompt_logprobs = score_prompts(self.model, hidden, scheduled)
         if not len(inputs.sample_rows):
@@ -270,7 +395,18 @@ class ModelRunner:
         logits = self.compute_logits(hidden, inputs)
         tokens = self.sample(logits, inputs)
         self.logits_processors.record(tokens)
+        self._score_logprobs(logits, tokens, inputs)
+        return self.postprocess(tokens), logits
+
+    def _score_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, inputs: StepInputs) -> None:
         k = max((r.params.logprobs for r in inputs.sample_requests if r.params.logprobs is not None),
                 default=None)
         self.last_logprobs = None if k is None else score_tokens(logits, tokens, k)
-        return self.postprocess(tokens), logits
+
+
+def _graph_ready(request: Request) -> bool:
+    """Whether a request's next token can be sampled inside a graph step (temperature, top-k, top-p and
+    the seed are static buffers there; the logits processors' per-request state is not)."""
+    p = request.params
+    return not (p.logit_bias or p.has_penalties or p.min_p > 0 or p.prompt_logprobs is not None
+                or len(request.output_token_ids) < p.min_tokens)

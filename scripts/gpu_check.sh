@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One prepared GPU run (about 5 minutes on one H200): the gpu-marked tests, the kernel
-# micro-benchmark and the serving benchmark (nano-vllm's workload on a Qwen3-0.6B-shaped random model,
-# and transformers generate on a sample), with a JSON report in $OUT (or a fresh temporary folder,
-# printed, when OUT is unset).
+# micro-benchmark, the serving benchmark (nano-vllm's workload on a Qwen3-0.6B-shaped random model,
+# and transformers generate on a sample) and the graph benchmark (eager vs CUDA-graph decode tok/s at
+# batch 1, 8, 64 on the same model shape, the HBM-roofline fraction at batch 1, graph vs eager greedy
+# agreement, a replay under sync-debug "error"), with a JSON report in $OUT (or a fresh temporary
+# folder, printed, when OUT is unset). The graph block is written, not yet run on a GPU.
 #   scripts/gpu_check.sh            on a CUDA machine
 #   scripts/gpu_check.sh --dry-run  on any machine: imports, collection and the benchmark script on
 #                                   tiny CPU shapes (Triton interpreter), to catch mistakes early
@@ -61,7 +63,7 @@ json.dump(env, open(sys.argv[1], "w"), indent=2)
 print(json.dumps(env, indent=2))
 PYEOF
 
-TEST_FILES=(tests/test_gpu_kernels.py tests/test_gpu_backends.py)
+TEST_FILES=(tests/test_gpu_kernels.py tests/test_gpu_backends.py tests/test_gpu_graphs.py)
 # -o addopts= drops the project's notebook options (nbval) that a bare GPU image may lack.
 PYTEST_ARGS=(-m gpu -o addopts= -p no:cacheprovider -q -rs --junitxml="$REPORT_DIR/gpu_tests.xml")
 if [ "$DRY" = 1 ]; then
@@ -75,6 +77,9 @@ if [ "$DRY" = 1 ]; then
     timeout 120 "$PY" benchmarks/gpu_serving.py --dry-run --out "$REPORT_DIR/serving.json" \
         >"$REPORT_DIR/serving.log" 2>&1
     SERVE_RC=$?
+    timeout 120 "$PY" benchmarks/gpu_graphs.py --dry-run --out "$REPORT_DIR/graphs.json" \
+        >"$REPORT_DIR/graphs.log" 2>&1
+    GRAPH_RC=$?
 else
     timeout 170 "$PY" -m pytest "${PYTEST_ARGS[@]}" "${TEST_FILES[@]}" \
         >"$REPORT_DIR/gpu_tests.log" 2>&1
@@ -85,16 +90,20 @@ else
     timeout 150 "$PY" benchmarks/gpu_serving.py --out "$REPORT_DIR/serving.json" \
         >"$REPORT_DIR/serving.log" 2>&1
     SERVE_RC=$?
+    timeout 120 "$PY" benchmarks/gpu_graphs.py --out "$REPORT_DIR/graphs.json" \
+        >"$REPORT_DIR/graphs.log" 2>&1
+    GRAPH_RC=$?
 fi
 tail -n 25 "$REPORT_DIR/gpu_tests.log"
 tail -n 5 "$REPORT_DIR/kernel_bench.log"
 tail -n 3 "$REPORT_DIR/serving.log"
+tail -n 6 "$REPORT_DIR/graphs.log"
 
-"$PY" - "$REPORT_DIR" "$TEST_RC" "$BENCH_RC" "$DRY" "$(( $(date +%s) - T0 ))" "$SERVE_RC" <<'PYEOF'
+"$PY" - "$REPORT_DIR" "$TEST_RC" "$BENCH_RC" "$DRY" "$(( $(date +%s) - T0 ))" "$SERVE_RC" "$GRAPH_RC" <<'PYEOF'
 import json, sys
 from pathlib import Path
 out, test_rc, bench_rc, dry, wall = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5])
-serve_rc = int(sys.argv[6])
+serve_rc, graph_rc = int(sys.argv[6]), int(sys.argv[7])
 def load(name):
     p = out / name
     try:
@@ -110,13 +119,17 @@ report = {
                   "skipped_reasons": [l for l in log if l.startswith("SKIPPED")]},
     "kernel_bench": {"rc": bench_rc, "timed_out": bench_rc == 124, **load("kernel_bench.json")},
     "serving": {"rc": serve_rc, "timed_out": serve_rc == 124, **load("serving.json")},
+    "graphs": {"rc": graph_rc, "timed_out": graph_rc == 124, **load("graphs.json")},
     "flashinfer": ("available " + env["flashinfer"]) if not str(env.get("flashinfer", "")).startswith("unavailable")
                   else "unavailable on this machine (import flashinfer failed); FlashInfer tests skipped",
     "wall_s": wall,
 }
 (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
-print(f"gpu_check: tests rc={test_rc}, bench rc={bench_rc}, serving rc={serve_rc}, {wall} s -> "
+print(f"gpu_check: tests rc={test_rc}, bench rc={bench_rc}, serving rc={serve_rc}, graphs rc={graph_rc}, "
+      f"{wall} s -> "
       f"{out / 'gpu_check.json'}")
 PYEOF
-if [ "$TEST_RC" -ne 0 ] || [ "$BENCH_RC" -ne 0 ] || [ "$SERVE_RC" -ne 0 ]; then exit 1; fi
+if [ "$TEST_RC" -ne 0 ] || [ "$BENCH_RC" -ne 0 ] || [ "$SERVE_RC" -ne 0 ] || [ "$GRAPH_RC" -ne 0 ]; then
+    exit 1
+fi
 exit 0

@@ -45,7 +45,7 @@ def _output_texts(cell: dict):
 def test_the_course_notebooks_exist():
     names = [p.name for p in NOTEBOOKS]
     for expected in ("01_virtual_memory.ipynb", "02_kv_cache_memory.ipynb",
-                     "03_block_tables.ipynb", "04_launch_overhead.ipynb"):
+                     "03_block_tables.ipynb", "04_launch_overhead.ipynb", "05_cuda_graphs.ipynb"):
         assert expected in names
 
 

@@ -19,6 +19,8 @@ class AttentionBackend:
     """
 
     name: str = "base"
+    # Whether plan_static exists: a decode step this backend runs can be compiled or captured.
+    supports_graphs: bool = False
 
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                  block_size: int, device: torch.device, dtype: torch.dtype):
@@ -32,6 +34,16 @@ class AttentionBackend:
 
     def plan(self, meta: AttentionMetadata) -> None:
         """Per-step preparation shared by all layers (FlashInfer's plan()). Default: nothing."""
+
+    def plan_static(self, meta: AttentionMetadata) -> None:
+        """The plan of a graph step (a decode batch padded to a bucket, block tables at full width):
+        device tensor ops only, reading no host copy and no value that varies by step on the host side,
+        so it runs inside the compiled or captured region. Default: not capturable."""
+        raise NotImplementedError(f"attention backend {self.name!r} cannot run a graph step")
+
+    def prepare_replay(self, meta: AttentionMetadata, size: int) -> None:
+        """Host work before a graph step of bucket ``size`` is replayed (outside the graph), e.g.
+        FlashInfer's plan() into the bucket's fixed buffers. Default: nothing."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:

@@ -22,7 +22,8 @@ class AttentionMetadata:
       query_start_loc: int32 [num_seqs + 1], query rows of sequence i are [qsl[i], qsl[i+1]).
       seq_lens: int32 [num_seqs], tokens of sequence i including this step's queries (0 = padding row).
       block_tables: int32 [num_seqs, max_blocks_per_seq], physical block of each logical block.
-    Host copies (CPU int32) of query_start_loc and seq_lens, for plan()-style backends that must not sync.
+    Host copies (CPU int32) of query_start_loc and seq_lens, for plan()-style backends that must not sync;
+    block_tables_cpu, the host copy of block_tables, is set for graph steps only (FlashInfer's replay plan).
     """
 
     positions: torch.Tensor
@@ -35,6 +36,7 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     block_size: int
+    block_tables_cpu: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

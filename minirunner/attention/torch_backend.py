@@ -132,6 +132,7 @@ class _PrefillGroup:
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+    supports_graphs = True
 
     # Decode sequences of very different lengths are split into up to this many groups by length, each
     # padded to its own longest, when that cuts the padded K/V gathered by a quarter or more.
@@ -170,6 +171,20 @@ class TorchAttentionBackend(AttentionBackend):
                             for g in self._length_groups(seq_lens[dec])]
         if pre.size:
             self._prefill = self._plan_prefill(meta, pre, qsl, seq_lens)
+
+    def plan_static(self, meta: AttentionMetadata) -> None:
+        """The capturable plan of a graph step: one decode group over the block tables' full width,
+        key mask from seq_lens, all device ops on the step's static buffers (no host copy read), so
+        the step traces with the same shapes every time for a bucket. Costs gathering max_model_len
+        keys per row (the price of a static shape for this backend; the triton and flashinfer kernels
+        read seq_lens and stop early)."""
+        lens = meta.seq_lens
+        key_pos = torch.arange(meta.block_tables.shape[1] * self.block_size, device=lens.device)
+        key_mask = (key_pos[None, :] < lens.clamp(min=1)[:, None])[:, None, None, :]
+        row_valid = (lens > 0).to(self.dtype)[:, None, None]
+        self._decode = [_DecodeGroup(None, None, gather_rows(meta.block_tables, self.block_size),
+                                     key_mask, row_valid)]
+        self._prefill, self._store_rows = None, None
 
     def _columns(self, max_len: int) -> int:
         return max(1, -(-int(max_len) // self.block_size))

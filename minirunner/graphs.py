@@ -1,0 +1,187 @@
+"""Graph-ready decode: the bucket ladder and one compiled (CPU) or captured (CUDA) decode step per bucket.
+
+Owns which decode batches run as one replay, the per-bucket step functions, their compilation
+(``torch.compile(dynamic=False)``, lazily per bucket) or capture (``torch.cuda.CUDAGraph``, largest bucket
+first, after a warm-up on a side stream, one shared memory pool), and replay. A step reads everything
+from the runner's static buffers (token ids, positions, slots, seq_lens, full-width block tables,
+temperatures, top-k, top-p, seeds, sample positions) and writes nothing but the KV cache and its outputs.
+It must never sync with the host, allocate outside the step's own pool, or read a buffer row that the
+runner did not write for this step (the runner writes every row of the bucket, padding rows included).
+Prefill, mixed steps and batches above the largest bucket stay eager (the runner decides).
+"""
+
+from __future__ import annotations
+
+import bisect
+import types
+from collections.abc import Callable, Sequence
+
+import torch
+
+from kernels._triton import HAS_TRITON
+from kernels.sampling import sample, sample_ref
+
+GRAPH_MODES = ("auto", "none", "cuda", "compile")
+# The sampler compiled/captured for a bucket: an all-greedy batch is one argmax; "sample" is the seeded
+# Gumbel sampler (greedy rows keep their argmax); "filter" adds the top-k / top-p sort. All three are
+# static-shape device code, so even the sort is captured; it is a separate variant only because it costs
+# a full-vocabulary sort per row that greedy and plain temperature batches should not pay.
+SAMPLER_KINDS = ("greedy", "sample", "filter")
+# Inductor's freezing folds the weights into the compiled step as constants and prepacks them for the
+# CPU's matmul kernels: measured on the embedded model at batch 1 it is what makes "compile" beat eager
+# by more than removing dispatch alone (benchmarks/graphs.py). The price: weights changed after a bucket
+# compiled are not seen by it (minirunner never changes weights after loading).
+COMPILE_OPTIONS: dict = {"freezing": True}
+
+
+def capture_sizes(max_num_seqs: int, sizes: Sequence[int] | None = None) -> list[int]:
+    """The bucket ladder: ``sizes`` (sorted, deduplicated, checked), or by default [1, 2, 4, 8] then
+    multiples of 8 up to ``max_num_seqs`` (vLLM's default ladder shape)."""
+    if sizes is None:
+        ladder = [s for s in (1, 2, 4, 8) if s <= max_num_seqs]
+        return ladder + list(range(16, max_num_seqs + 1, 8))
+    sizes = list(sizes)
+    if not sizes or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes):
+        raise ValueError(f"cudagraph_capture_sizes must be a non-empty list of integers >= 1, got {sizes!r}")
+    too_big = [s for s in sizes if s > max_num_seqs]
+    if too_big:
+        raise ValueError(f"cudagraph_capture_sizes {too_big} exceed max_num_seqs={max_num_seqs}: a decode "
+                         "batch never gets that large; drop them or raise max_num_seqs")
+    return sorted(set(sizes))
+
+
+def bucket_for(batch_size: int, sizes: Sequence[int]) -> int | None:
+    """The smallest captured size >= batch_size, or None (the batch runs eager). ``sizes`` sorted."""
+    i = bisect.bisect_left(sizes, batch_size)
+    return sizes[i] if i < len(sizes) else None
+
+
+def resolve_graph_mode(graph_mode: str, device: torch.device) -> str:
+    """``auto``: cuda on a CUDA device, none on a CPU (compile is opt-in: it costs seconds per bucket)."""
+    if graph_mode not in GRAPH_MODES:
+        raise ValueError(f"graph_mode must be one of {list(GRAPH_MODES)}, got {graph_mode!r}")
+    if graph_mode == "auto":
+        return "cuda" if device.type == "cuda" else "none"
+    if graph_mode == "cuda" and device.type != "cuda":
+        raise ValueError("graph_mode='cuda' needs a CUDA device; on a CPU use graph_mode='compile' "
+                         "(torch.compile per bucket) or 'none'")
+    return graph_mode
+
+
+def _own_code(fn: Callable, name: str) -> Callable:
+    """A copy of ``fn`` with its own code object. Dynamo keeps its compiled entries per code object, and
+    every bucket's step is a closure of one ``def``: shared, the buckets would pile up as recompiles of
+    one frame and pass the recompile limit (8), after which dynamo silently runs eager."""
+    code = fn.__code__.replace(co_name=name, co_qualname=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+class DecodeGraphs:
+    """One decode step per (bucket size, sampler kind), compiled or captured, replayed by ``run``.
+
+    ``runner`` is the ModelRunner whose static buffers the steps read; ``mode`` is "compile" or "cuda".
+    """
+
+    def __init__(self, runner, mode: str, sizes: Sequence[int]):
+        if mode not in ("compile", "cuda"):
+            raise ValueError(f"DecodeGraphs runs graph_mode 'compile' or 'cuda', not {mode!r}")
+        self.runner, self.mode, self.sizes = runner, mode, list(sizes)
+        self._steps: dict[tuple[int, str], Callable[[], tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._graphs: dict[tuple[int, str], tuple[torch.cuda.CUDAGraph, tuple]] = {}
+        self.num_compiled = 0  # buckets compiled or captured so far (a notebook shows the cost)
+        self._pool = None
+        backend = runner.backend
+        if not backend.supports_graphs:
+            raise ValueError(f"attention_backend={backend.name!r} has no capturable plan; use "
+                             "graph_mode='none'")
+        if mode == "compile" and backend.name != "torch":
+            raise ValueError(f"graph_mode='compile' traces the step with torch.compile, which needs "
+                             f"attention_backend='torch' (got {backend.name!r}); use graph_mode='cuda' "
+                             "for the triton/flashinfer kernels on a GPU")
+        if hasattr(backend, "split_decode_by_length"):
+            backend.split_decode_by_length = False  # one static decode group, whatever the lengths
+
+    def bucket(self, batch_size: int) -> int | None:
+        return bucket_for(batch_size, self.sizes)
+
+    # -- the step a bucket replays ----------------------------------------------------------------
+    def step_fn(self, size: int, kind: str) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+        """The eager Python function of one padded decode step over the first ``size`` rows of the static
+        buffers: returns (tokens int64 [size], fp32 logits [size, vocab]). Compiling or capturing it is
+        what ``run`` does; calling it directly runs the same math eagerly (a notebook can)."""
+        if kind not in SAMPLER_KINDS:
+            raise ValueError(f"sampler kind must be one of {SAMPLER_KINDS}, got {kind!r}")
+        r = self.runner
+        meta = r.static_decode_meta(size)
+        model, backend, caches = r.model, r.backend, r.kv_caches
+        input_ids = r.input_ids[:size]
+        params = (r.temperatures[:size], r.top_k[:size], r.top_p[:size], r.seeds[:size],
+                  r.sample_positions[:size])
+        sampler = sample if (r.device.type == "cuda" and HAS_TRITON) else sample_ref
+        apply_filters = kind == "filter"
+        greedy = kind == "greedy"
+
+        def decode_step():
+            backend.plan_static(meta)
+            hidden = model(input_ids, meta, caches, backend)
+            logits = model.compute_logits(hidden)
+            if greedy:
+                return logits.argmax(dim=-1), logits
+            return sampler(logits, *params, apply_filters=apply_filters), logits
+
+        return decode_step
+
+    def run(self, size: int, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay bucket ``size``'s step (compiling or capturing it on first use). The runner has already
+        written every row [0, size) of the static buffers. Outputs are valid until the next replay."""
+        key = (size, kind)
+        if self.mode == "compile":
+            step = self._steps.get(key)
+            if step is None:
+                fn = _own_code(self.step_fn(size, kind), f"decode_step_b{size}_{kind}")
+                step = self._steps[key] = torch.compile(fn, dynamic=False, fullgraph=True,
+                                                         options=COMPILE_OPTIONS)
+                self.num_compiled += 1
+            return step()
+        self.runner.backend.prepare_replay(self.runner.static_decode_meta(size), size)
+        if key not in self._graphs:  # a sampler kind first seen now: capture over this step's own rows
+            self.capture([size], kind, fill_padding=False)
+        graph, outputs = self._graphs[key]
+        graph.replay()
+        return outputs
+
+    # -- CUDA graphs ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def capture(self, sizes: Sequence[int] | None = None, kind: str = "greedy",
+                fill_padding: bool = True) -> None:
+        """Capture the steps of ``sizes`` (default: every bucket), largest first so the smaller graphs
+        reuse the largest one's memory from the shared pool. Each is warmed up eagerly on a side stream
+        first (lazy initialisation, autotuning and allocator growth happen outside the capture).
+        ``fill_padding``: make every row a padding row first, so the warm-up writes the KV cache's null
+        block only (at start-up). False keeps the rows the runner wrote for the step about to replay
+        (a lazy capture mid-run): the warm-up then writes the same K/V the replay writes, at the same
+        slots, and the buffers still hold the step's inputs."""
+        if self.mode != "cuda":
+            raise ValueError("capture() is for graph_mode='cuda'; compile mode compiles lazily in run()")
+        r = self.runner
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        for size in sorted(sizes or self.sizes, reverse=True):
+            if (size, kind) in self._graphs:
+                continue
+            if fill_padding:
+                r.write_padding_rows(0, size)  # a valid all-padding batch: every row writes slot -1
+            r.backend.prepare_replay(r.static_decode_meta(size), size)
+            step = self.step_fn(size, kind)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                outputs = step()
+            self._graphs[(size, kind)] = (graph, outputs)
+            self.num_compiled += 1
+        torch.cuda.synchronize()
