@@ -147,6 +147,7 @@ class EngineConfig:
     max_model_len: int | None = None
     attention_backend: str = "auto"
     seed: int = 0
+    speculative_config: dict | None = None  # parsed by minirunner.spec.config.SpeculativeConfig
 
     def validate(self, model_config: ModelConfig) -> None:
         if self.block_size < 1:

@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from minirunner.attention import get_backend_class, resolve_backend_name
@@ -26,6 +27,8 @@ from minirunner.request import Request, RequestStatus
 from minirunner.runner import ModelRunner
 from minirunner.sampling_params import SamplingParams
 from minirunner.scheduler import Scheduler
+from minirunner.spec.config import SpeculativeConfig
+from minirunner.spec.speculator import Speculator
 from minirunner.tokenizer import load_tokenizer
 
 _DEFAULT_CPU_KV_BYTES = 1 << 30
@@ -49,6 +52,13 @@ class StepTrace:
     finished_ids: list[str]
     block_tables: dict[str, list[int]] = field(default_factory=dict)
     duration_s: float = 0.0
+    # speculative decoding: {request_id: [drafts verified, drafts accepted]}; rolled-back KV slots of a
+    # request = drafts - accepted
+    spec_runs: dict[str, list[int]] = field(default_factory=dict)
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    propose_s: float = 0.0
+    verify_s: float = 0.0
 
 
 class LLMEngine:
@@ -77,6 +87,11 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.backend, self.num_kv_blocks, config.block_size,
                                   config.max_num_seqs, config.max_num_batched_tokens,
                                   config.max_model_len)
+        self.spec = None
+        if config.speculative_config is not None:
+            spec_config = SpeculativeConfig.from_dict(config.speculative_config, config.model, mc,
+                                                      config.max_model_len)
+            self.spec = Speculator(spec_config, config, self.num_kv_blocks)
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         # The most recent steps only, so a long-lived engine does not grow without bound.
@@ -180,26 +195,50 @@ class LLMEngine:
     # -- the loop -------------------------------------------------------------------------------
     def step(self) -> list[tuple[Request, list[int]]]:
         """Run one engine step. Returns (request, tokens appended this step) for every request that
-        produced a token or finished."""
+        produced a token or finished (more than one token when speculative drafts were accepted)."""
         t0 = time.perf_counter()
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running, set(self.requests))
         sched = self.scheduler.schedule()
         produced: list[tuple[Request, list[int]]] = []
         finished: list[str] = []
+        spec_runs, verify_s = {}, 0.0
         if sched.scheduled:
-            tokens, logits = self.runner.execute(sched.scheduled, self.kv)
+            draft_probs = self.spec.draft_probs(sched.scheduled) if self.spec is not None else None
+            t1 = time.perf_counter()
+            runs, logits = self.runner.execute(sched.scheduled, self.kv, draft_probs)
+            verify_s = time.perf_counter() - t1
             sampling = [s for s in sched.scheduled if s.samples]
             for s in sched.scheduled:
                 s.request.num_computed_tokens += s.num_new_tokens
             if self.keep_logits and logits is not None:
-                self.last_logits = {s.request.request_id: logits[i] for i, s in enumerate(sampling)}
-            for s, token in zip(sampling, tokens, strict=True):
+                first = np.cumsum([0] + [1 + len(s.draft_token_ids) for s in sampling])
+                self.last_logits = {s.request.request_id: logits[first[i]]
+                                    for i, s in enumerate(sampling)}
+            if self.spec is not None:
+                spec_runs = self.spec.record(sampling, runs, verify_s)
+            for s, run in zip(sampling, runs, strict=True):
                 request = s.request
-                request.append_token(token)
-                if self._check_stop(request, token):
-                    self.scheduler.finish(request)
-                    finished.append(request.request_id)
-                produced.append((request, [token]))
+                if s.draft_token_ids:
+                    # Roll back the rejected drafts: their K/V slots are past the accepted run.
+                    request.num_computed_tokens -= len(s.draft_token_ids) - (len(run) - 1)
+                    self.kv.trim(request)
+                appended = []
+                for token in run:  # stop checks token by token; a stop truncates the rest
+                    request.append_token(token)
+                    appended.append(token)
+                    if self._check_stop(request, token):
+                        self.scheduler.finish(request)
+                        finished.append(request.request_id)
+                        break
+                produced.append((request, appended))
         self._record(sched, finished, time.perf_counter() - t0)
+        if spec_runs:
+            trace = self.trace[-1]
+            trace.spec_runs = spec_runs
+            trace.num_draft_tokens = sum(k for k, _ in spec_runs.values())
+            trace.num_accepted_tokens = sum(a for _, a in spec_runs.values())
+            trace.propose_s, trace.verify_s = self.spec.last_propose_s, verify_s
         return produced
 
     def _check_stop(self, request: Request, token: int) -> bool:
@@ -263,7 +302,8 @@ class LLMEngine:
                                       request.finish_reason, request.stop_reason)],
             finished=request.status == RequestStatus.FINISHED,
             metrics=RequestMetrics(ttft, decode, e2e, request.num_preemptions,
-                                   request.num_cached_tokens),
+                                   request.num_cached_tokens,
+                                   None if request.spec_stats is None else request.spec_stats.as_dict()),
         )
 
     def pop_finished(self, request_id: str) -> RequestOutput:

@@ -51,7 +51,7 @@ class LLM:
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = False,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, attention_backend: str = "auto",
-                 seed: int = 0):
+                 seed: int = 0, speculative_config: dict | None = None):
         if model is None:
             model = default_model_dir()
             if not (Path(model) / "config.json").is_file():
@@ -66,7 +66,7 @@ class LLM:
             gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-            attention_backend=attention_backend, seed=seed)
+            attention_backend=attention_backend, seed=seed, speculative_config=speculative_config)
         self.engine = LLMEngine(config, model_config)
 
     def get_tokenizer(self):
@@ -145,6 +145,10 @@ class LLM:
     def get_step_trace(self) -> list[dict]:
         """One dict per engine step (see ``StepTrace``; the last 10,000 steps): plain data for plots."""
         return [asdict(t) for t in self.engine.trace]
+
+    def get_spec_metrics(self) -> dict | None:
+        """Engine-wide speculative-decoding metrics (``SpecStats.as_dict()``), None without speculation."""
+        return None if self.engine.spec is None else self.engine.spec.stats.as_dict()
 
     def clear_step_trace(self) -> None:
         self.engine.trace.clear()

@@ -14,6 +14,7 @@ class RequestMetrics:
     e2e_latency: float | None
     num_preemptions: int = 0
     num_cached_prompt_tokens: int = 0
+    spec_decode: dict | None = None  # SpecStats.as_dict() when the request speculated
 
 
 @dataclass

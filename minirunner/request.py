@@ -40,6 +40,8 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts proposed for the next step
+    spec_stats: object | None = None  # minirunner.spec.metrics.SpecStats once it speculated
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from kernels._triton import HAS_TRITON
+from kernels.rejection_sampling import rejection_sample, rejection_sample_ref
 from kernels.sampling import sample, sample_ref
 from minirunner.attention import AttentionMetadata
 from minirunner.attention.base import AttentionBackend
@@ -57,7 +58,9 @@ class ModelRunner:
         tables = np.zeros((S, self.max_blocks_per_seq), dtype=np.int32)
         for i, s in enumerate(scheduled):
             lo, hi, start = qsl[i], qsl[i + 1], starts[i]
-            ids[lo:hi] = s.request.all_token_ids[start:start + qlens[i]]
+            known = s.request.all_token_ids + s.draft_token_ids if s.draft_token_ids \
+                else s.request.all_token_ids
+            ids[lo:hi] = known[start:start + qlens[i]]
             table = kv.table(s.request.request_id)
             slots[lo:hi] = table.slots(start, start + qlens[i])
             tables[i, :len(table)] = table.blocks
@@ -86,30 +89,64 @@ class ModelRunner:
         return put(self.input_ids, ids), meta
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledRequest], kv: KVCacheManager):
-        """Run one step. Returns (token ids sampled for the requests whose step ``samples``, in order,
-        their fp32 logits [n, vocab])."""
+    def forward_logits(self, scheduled: list[ScheduledRequest], kv: KVCacheManager):
+        """Run the model over one step; returns fp32 logits [n, vocab] of the rows that sample (the
+        last 1 + len(draft_token_ids) query rows of each request whose step ``samples``), or None."""
         input_ids, meta = self.prepare(scheduled, kv)
         self.backend.plan(meta)
         hidden = self.model(input_ids, meta, self.kv_caches, self.backend)
-        rows = [i for i, s in enumerate(scheduled) if s.samples]
+        ends = meta.query_start_loc_cpu[1:].tolist()
+        # logits_indices: a spec request scores its last verified token and each of its drafts
+        rows = [row for i, s in enumerate(scheduled) if s.samples
+                for row in range(ends[i] - 1 - len(s.draft_token_ids), ends[i])]
         if not rows:
+            return None
+        return self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[ScheduledRequest], kv: KVCacheManager,
+                draft_probs: torch.Tensor | None = None):
+        """Run one step. Returns (the tokens emitted by each request whose step ``samples``, in order:
+        one each, or the accepted run of a speculative request; their fp32 logits [rows, vocab]).
+        draft_probs: fp32 [num_draft_tokens, vocab], the draft model's q for every draft token in
+        order, or None (no drafts, or one-hot n-gram drafts)."""
+        logits = self.forward_logits(scheduled, kv)
+        if logits is None:
             return [], None
-        last = meta.query_start_loc_cpu[1:][rows].long() - 1
-        logits = self.model.compute_logits(hidden[last.to(self.device)])
-        reqs = [scheduled[i].request for i in rows]
+        sampling = [s for s in scheduled if s.samples]
+        if any(s.draft_token_ids for s in sampling):
+            return self.sample_spec(logits, sampling, draft_probs), logits
+        reqs = [s.request for s in sampling]
         dev = self.device
         if dev.type == "cuda" and HAS_TRITON:  # one fused pass; top-k/top-p known from the host
             filters = any(0 < r.params.top_k < logits.shape[-1] or r.params.top_p < 1 for r in reqs)
             sampler = functools.partial(sample, apply_filters=filters)
         else:
             sampler = sample_ref
-        tokens = sampler(
-            logits,
+        tokens = sampler(logits, *self._sampling_tensors(reqs))
+        return [[t] for t in tokens.tolist()], logits
+
+    def _sampling_tensors(self, reqs):
+        """(temperatures, top_k, top_p, seeds, positions of the next token) for these requests."""
+        dev = self.device
+        return (
             torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32, device=dev),
             torch.tensor([r.params.top_k for r in reqs], dtype=torch.int64, device=dev),
             torch.tensor([r.params.top_p for r in reqs], dtype=torch.float32, device=dev),
             torch.tensor([r.seed & _SEED_MASK for r in reqs], dtype=torch.int64, device=dev),
             torch.tensor([r.num_tokens for r in reqs], dtype=torch.int64, device=dev),
         )
-        return tokens.tolist(), logits
+
+    def sample_spec(self, logits: torch.Tensor, sampling: list[ScheduledRequest],
+                    draft_probs: torch.Tensor | None) -> list[list[int]]:
+        """Verify the drafts of a step with the rejection sampler; returns each request's emitted run
+        (its accepted drafts, then the target's own token). logits: fp32 [num_drafts + len(sampling),
+        vocab], laid out as ``forward_logits`` returns them."""
+        dev = self.device
+        drafts = [t for s in sampling for t in s.draft_token_ids]
+        cu = np.cumsum([len(s.draft_token_ids) for s in sampling])
+        sampler = rejection_sample if dev.type == "cuda" and HAS_TRITON else rejection_sample_ref
+        out = sampler(torch.tensor(drafts, dtype=torch.int64, device=dev),
+                      torch.from_numpy(cu).to(dev), draft_probs, logits,
+                      *self._sampling_tensors([s.request for s in sampling]))
+        return [[t for t in row if t >= 0] for row in out.tolist()]

@@ -84,6 +84,19 @@ class KVCacheManager:
             chunk = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
             hashes.append(self.pool.cache_block(table.blocks[i], parent, chunk))
 
+    def trim(self, request: Request) -> None:
+        """Return the blocks past the request's computed tokens to the pool (after speculative tokens
+        were rejected and ``num_computed_tokens`` rolled back). They hold no verified block, so none of
+        them is in the prefix cache."""
+        table = self.tables.get(request.request_id)
+        if table is None:
+            return
+        keep = self.blocks_for_tokens(request.num_computed_tokens)
+        if len(table.blocks) > keep:
+            extra = table.blocks[keep:]
+            del table.blocks[keep:]
+            self.pool.free(reversed(extra))
+
     def free(self, request: Request) -> None:
         table = self.tables.pop(request.request_id, None)
         self._hashes.pop(request.request_id, None)
