@@ -84,7 +84,9 @@ class DraftModelProposer:
         limit = min(len(seq.tokens), len(verified))
         while agree < limit and seq.tokens[agree] == verified[agree]:
             agree += 1
-        seq.num_computed_tokens = min(seq.num_computed_tokens, agree)
+        # The last verified token is always fed again: its logits give the first draft. (Its K/V can
+        # already be in the cache when a step's drafts were never verified, e.g. after preemption.)
+        seq.num_computed_tokens = min(seq.num_computed_tokens, agree, len(verified) - 1)
         seq.tokens = list(verified)
         seq.num_verified = len(verified)
         self.kv.trim(seq)
@@ -137,8 +139,13 @@ class DraftModelProposer:
             budget -= n
             if n < todo:
                 left.append(rid)
-        if scheduled:
-            self._run(scheduled, by_id, out)
+        if not scheduled:  # nothing could run: give up on the rest rather than spin
+            if catch_up:
+                for rid in left:
+                    out.pop(rid, None)
+                return []
+            return left
+        self._run(scheduled, by_id, out)
         return left
 
     def _run(self, scheduled: list[ScheduledRequest], by_id, out) -> None:
