@@ -94,3 +94,16 @@ def test_walltime_and_best_k():
     assert walltime_factor(0.6, best_k(0.6, 0.3), 0.3) >= (1 + 0.6) / (1 + 0.3) - 1e-12
     with pytest.raises(ValueError, match="alpha"):
         expected_tokens_per_step(1.5, 2)
+
+
+def test_the_notebook_exercise_agrees_with_the_runner_formula():
+    from simulators.speculative import make_exercise
+
+    for seed in range(20):
+        ex = make_exercise(seed)
+        alpha = float(ex.question.split("a = ")[1].split(",")[0])
+        k = int(ex.question.split("k = ")[1].split(" ")[0])
+        assert abs(ex.solution() - expected_tokens_per_step(alpha, k)) < 1e-4
+        assert ex.check(ex.solution()).correct
+        assert not ex.check(None).correct and "not answered yet" in ex.check(None).why
+        assert not ex.check(ex.solution() - 1).correct
