@@ -75,6 +75,13 @@ class LLMEngine:
         self._rng = random.Random(config.seed)
         mc = self.model_config
         self.model = load_model(config.model, mc, config.dtype, config.device)
+        spec_config = None
+        if config.speculative_config is not None:
+            spec_config = SpeculativeConfig.from_dict(config.speculative_config, config.model, mc,
+                                                      config.max_model_len)
+        # A draft model's cache has as many blocks as the target's: one memory budget pays for both.
+        self._draft_kv_bytes_per_token = 0 if spec_config is None or spec_config.model is None \
+            else ModelConfig.from_dir(spec_config.model).kv_bytes_per_token(config.dtype)
         self.num_kv_blocks = self._kv_budget_blocks()
         backend_name = resolve_backend_name(config.attention_backend, config.device)
         self.backend = get_backend_class(backend_name)(
@@ -87,11 +94,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.backend, self.num_kv_blocks, config.block_size,
                                   config.max_num_seqs, config.max_num_batched_tokens,
                                   config.max_model_len)
-        self.spec = None
-        if config.speculative_config is not None:
-            spec_config = SpeculativeConfig.from_dict(config.speculative_config, config.model, mc,
-                                                      config.max_model_len)
-            self.spec = Speculator(spec_config, config, self.num_kv_blocks)
+        self.spec = None if spec_config is None else Speculator(spec_config, config,
+                                                                self.num_kv_blocks)
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         # The most recent steps only, so a long-lived engine does not grow without bound.
@@ -103,7 +107,8 @@ class LLMEngine:
     # -- KV budget ------------------------------------------------------------------------------
     def _kv_budget_blocks(self) -> int:
         cfg, mc = self.config, self.model_config
-        block_bytes = mc.kv_bytes_per_token(cfg.dtype) * cfg.block_size
+        block_bytes = (mc.kv_bytes_per_token(cfg.dtype) + self._draft_kv_bytes_per_token) \
+            * cfg.block_size
         if cfg.num_kv_blocks is not None:
             return cfg.num_kv_blocks
         if cfg.kv_cache_memory_bytes is not None:

@@ -4,6 +4,7 @@ minirunner.spec.math against a Monte Carlo simulation."""
 from __future__ import annotations
 
 import pytest
+import torch
 from tiny_models import make_tiny_model
 
 from minirunner import LLM
@@ -107,3 +108,13 @@ def test_the_notebook_exercise_agrees_with_the_runner_formula():
         assert ex.check(ex.solution()).correct
         assert not ex.check(None).correct and "not answered yet" in ex.check(None).why
         assert not ex.check(ex.solution() - 1).correct
+
+
+def test_one_kv_budget_pays_for_the_target_and_the_draft_cache():
+    budget = 4 << 20
+    llm = LLM(device="cpu", kv_cache_memory_bytes=budget,
+              speculative_config={"method": "draft_model", "num_speculative_tokens": 2})
+    target = TARGET_CONFIG.kv_bytes_per_token(torch.float32)
+    draft = ModelConfig.from_dir(default_draft_dir()).kv_bytes_per_token(torch.float32)
+    assert llm.engine.num_kv_blocks == budget // ((target + draft) * 16)
+    assert llm.engine.spec.proposer.kv.pool.num_blocks == llm.engine.num_kv_blocks
