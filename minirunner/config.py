@@ -164,6 +164,7 @@ class EngineConfig:
     num_threads: int | str | None = "auto"  # CPU only: torch threads ("auto": see LLMEngine)
     graph_mode: str = "none"  # "auto" | "none" | "cuda" | "compile" (minirunner/graphs.py); validate resolves
     cudagraph_capture_sizes: list[int] | None = None  # the bucket ladder (None: graphs.capture_sizes)
+    speculative_config: dict | None = None  # parsed by minirunner.spec.config.SpeculativeConfig
 
     def validate(self, model_config: ModelConfig) -> None:
         from minirunner.graphs import capture_sizes, resolve_graph_mode

@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from minirunner.attention import get_backend_class, resolve_backend_name
@@ -33,6 +34,8 @@ from minirunner.request import Request
 from minirunner.runner import ModelRunner, StepGraphInfo
 from minirunner.sampling_params import SamplingParams
 from minirunner.scheduler import Scheduler
+from minirunner.spec.config import SpeculativeConfig
+from minirunner.spec.speculator import Speculator
 from minirunner.tokenizer import load_tokenizer
 
 _DEFAULT_CPU_KV_BYTES = 1 << 30
@@ -77,6 +80,13 @@ class StepTrace:
     graph: str = "eager"  # how the step ran: "eager", "compile" or "cuda" (one replay of a bucket)
     bucket_size: int | None = None  # the padded batch of a graph step
     num_padded_rows: int = 0  # bucket_size - requests in the step
+    # speculative decoding: {request_id: [drafts verified, drafts accepted]}; rolled-back KV slots of a
+    # request = drafts - accepted
+    spec_runs: dict[str, list[int]] = field(default_factory=dict)
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    propose_s: float = 0.0
+    verify_s: float = 0.0
 
 
 class LLMEngine:
@@ -94,6 +104,13 @@ class LLMEngine:
         self._rng = random.Random(config.seed)
         mc = self.model_config
         self.model = load_model(config.model, mc, config.dtype, config.device)
+        spec_config = None
+        if config.speculative_config is not None:
+            spec_config = SpeculativeConfig.from_dict(config.speculative_config, config.model, mc,
+                                                      config.max_model_len)
+        # A draft model's cache has as many blocks as the target's: one memory budget pays for both.
+        self._draft_kv_bytes_per_token = 0 if spec_config is None or spec_config.model is None \
+            else ModelConfig.from_dir(spec_config.model).kv_bytes_per_token(config.dtype)
         self.num_kv_blocks = self._kv_budget_blocks()
         backend_name = resolve_backend_name(config.attention_backend, config.device)
         self.backend = get_backend_class(backend_name)(
@@ -115,6 +132,8 @@ class LLMEngine:
 
             self.runner.enable_graphs(config.graph_mode,
                                       capture_sizes(config.max_num_seqs, config.cudagraph_capture_sizes))
+        self.spec = None if spec_config is None else Speculator(spec_config, config,
+                                                                self.num_kv_blocks)
         self.requests: dict[str, Request] = {}  # every live completion, by its own id
         self.groups: dict[str, list[Request]] = {}  # add_request's id -> its n completions
         self._token_text: dict[int, str] = {}
@@ -128,7 +147,8 @@ class LLMEngine:
     # -- KV budget ------------------------------------------------------------------------------
     def _kv_budget_blocks(self) -> int:
         cfg, mc = self.config, self.model_config
-        block_bytes = mc.kv_bytes_per_token(cfg.dtype) * cfg.block_size
+        block_bytes = (mc.kv_bytes_per_token(cfg.dtype) + self._draft_kv_bytes_per_token) \
+            * cfg.block_size
         if cfg.num_kv_blocks is not None:
             return cfg.num_kv_blocks
         if cfg.kv_cache_memory_bytes is not None:
@@ -278,9 +298,11 @@ class LLMEngine:
     # -- the loop -------------------------------------------------------------------------------
     def step(self) -> list[tuple[Request, list[int]]]:
         """Run one engine step. Returns (request, tokens appended this step) for every request that
-        produced a token or finished."""
+        produced a token or finished (more than one token when speculative drafts were accepted)."""
         t0 = time.perf_counter()
         self.kv.begin_step()
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running, set(self.requests))
         sched = self.scheduler.schedule()
         for request_id in sched.preempted:
             self.runner.free_request(request_id)
@@ -288,11 +310,15 @@ class LLMEngine:
         finished: list[str] = []
         occupancy = None
         self.runner.last_step = StepGraphInfo()
+        spec_runs, verify_s = {}, 0.0
         if sched.scheduled:
+            draft_probs = self.spec.draft_probs(sched.scheduled) if self.spec is not None else None
             try:
                 copies = self.kv.take_copies()  # copy-on-write of shared blocks, before any write
                 self.runner.copy_blocks([c[0] for c in copies], [c[1] for c in copies])
-                tokens, logits = self.runner.execute(sched.scheduled, self.kv)
+                t1 = time.perf_counter()
+                runs, logits = self.runner.execute(sched.scheduled, self.kv, draft_probs)
+                verify_s = time.perf_counter() - t1
             except BaseException:
                 self._step_failed(sched)
                 raise
@@ -301,22 +327,40 @@ class LLMEngine:
             for s in sched.scheduled:
                 s.request.num_computed_tokens += s.num_new_tokens
             if self.keep_logits and logits is not None:
-                self.last_logits = {s.request.request_id: logits[i] for i, s in enumerate(sampling)}
+                first = np.cumsum([0] + [1 + len(s.draft_token_ids) for s in sampling])
+                self.last_logits = {s.request.request_id: logits[first[i]]
+                                    for i, s in enumerate(sampling)}
+            if self.spec is not None:
+                spec_runs = self.spec.record(sampling, runs, verify_s)
             done = []
-            for s, token in zip(sampling, tokens, strict=True):
+            for s, run in zip(sampling, runs, strict=True):
                 request = s.request
-                request.append_token(token)
-                if request.fork_children:
-                    fork_children(request, self.kv, self.scheduler)
-                if self._check_stop(request, token):
-                    done.append(request)
-                    finished.append(request.request_id)
-                produced.append((request, [token]))
+                if s.draft_token_ids:
+                    # Roll back the rejected drafts: their K/V slots are past the accepted run.
+                    request.num_computed_tokens -= len(s.draft_token_ids) - (len(run) - 1)
+                    self.kv.trim(request)
+                appended = []
+                for token in run:  # stop checks token by token; a stop truncates the rest
+                    request.append_token(token)
+                    appended.append(token)
+                    if request.fork_children:
+                        fork_children(request, self.kv, self.scheduler)
+                    if self._check_stop(request, token):
+                        done.append(request)
+                        finished.append(request.request_id)
+                        break
+                produced.append((request, appended))
             occupancy = self._occupancy()  # the step's peak: before finished requests free blocks
             for request in done:
                 self._free(request)
-        self._record(sched, finished, occupancy or self._occupancy(), len(produced),
-                     time.perf_counter() - t0)
+        self._record(sched, finished, occupancy or self._occupancy(),
+                     sum(len(tokens) for _, tokens in produced), time.perf_counter() - t0)
+        if spec_runs:
+            trace = self.trace[-1]
+            trace.spec_runs = spec_runs
+            trace.num_draft_tokens = sum(k for k, _ in spec_runs.values())
+            trace.num_accepted_tokens = sum(a for _, a in spec_runs.values())
+            trace.propose_s, trace.verify_s = self.spec.last_propose_s, verify_s
         return produced
 
     def _check_stop(self, request: Request, token: int) -> bool:

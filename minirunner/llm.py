@@ -53,7 +53,8 @@ class LLM:
                  max_model_len: int | None = None, attention_backend: str = "auto",
                  seed: int = 0, kv_layout: str = "paged", trace_block_tables: bool = False,
                  num_threads: int | str | None = "auto", graph_mode: str = "auto",
-                 enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None):
+                 enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None,
+                 speculative_config: dict | None = None):
         """``graph_mode``: "auto" (cuda on a CUDA device, none on a CPU), "none" (eager), "cuda" (a CUDA
         graph per decode bucket), "compile" (torch.compile per bucket: the CPU analogue).
         ``enforce_eager=True`` is vLLM's name for graph_mode="none". ``cudagraph_capture_sizes``: the
@@ -79,7 +80,8 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
             attention_backend=attention_backend, seed=seed, kv_layout=kv_layout,
             trace_block_tables=trace_block_tables, num_threads=num_threads, graph_mode=graph_mode,
-            cudagraph_capture_sizes=cudagraph_capture_sizes)
+            cudagraph_capture_sizes=cudagraph_capture_sizes,
+            speculative_config=speculative_config)
         self.engine = LLMEngine(config, model_config)
 
     def get_tokenizer(self):
@@ -163,6 +165,10 @@ class LLM:
     def get_step_trace(self) -> list[dict]:
         """One dict per engine step (see ``StepTrace``; the last 10,000 steps): plain data for plots."""
         return [asdict(t) for t in self.engine.trace]
+
+    def get_spec_metrics(self) -> dict | None:
+        """Engine-wide speculative-decoding metrics (``SpecStats.as_dict()``), None without speculation."""
+        return None if self.engine.spec is None else self.engine.spec.stats.as_dict()
 
     def clear_step_trace(self) -> None:
         self.engine.trace.clear()

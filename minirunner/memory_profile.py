@@ -49,7 +49,8 @@ def run_profiling_step(model, config: EngineConfig,
         kv.allocate(request, n)
         scheduled.append(ScheduledRequest(request, n))
     try:
-        sampled, _ = runner.execute(scheduled, kv)
+        runs, _ = runner.execute(scheduled, kv)
+        sampled = [run[0] for run in runs]  # one token each: no speculative drafts here
     finally:
         del runner, kv
     return sampled, (num_blocks + 1) * block * mc.kv_bytes_per_token(config.dtype)  # + the null block

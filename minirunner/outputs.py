@@ -27,6 +27,7 @@ class RequestMetrics:
     e2e_latency: float | None
     num_preemptions: int = 0
     num_cached_prompt_tokens: int = 0
+    spec_decode: dict | None = None  # SpecStats.as_dict() when the request speculated
 
 
 @dataclass
@@ -95,7 +96,8 @@ def build_request_output(group: list[Request]) -> RequestOutput:
         outputs=completions,
         finished=all(r.is_finished for r in group),
         metrics=RequestMetrics(ttft, decode, e2e, sum(r.num_preemptions for r in group),
-                               first.num_cached_tokens),
+                               first.num_cached_tokens,
+                               None if first.spec_stats is None else first.spec_stats.as_dict()),
         prompt_logprobs=first.prompt_logprobs,
         num_cached_tokens=first.num_cached_tokens,
     )

@@ -43,15 +43,7 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
-    # prompt + output token ids in one preallocated int64 array of max_len entries (valid up to
-    # num_tokens): the runner slices it each step instead of concatenating lists. Output tokens are
-    # added only through append_token, which keeps it and output_token_ids in step.
-    token_buffer: np.ndarray = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.token_buffer = np.zeros(max(self.max_len, len(self.prompt_token_ids)), dtype=np.int64)
-        self.token_buffer[:len(self.prompt_token_ids)] = self.prompt_token_ids
-    # vLLM-shaped extras (issue 12): filled by the engine, read by make_output.
+    # vLLM-shaped extras: filled by the engine, read by make_output.
     group_id: str = ""  # the id add_request returned; its n completions share it
     index: int = 0  # which of the group's n completions this is
     detok: Any = None  # IncrementalDetokenizer, or None without a tokenizer
@@ -59,6 +51,18 @@ class Request:
     logprobs: list | None = None  # per output token: {token id: Logprob}
     prompt_logprobs: list | None = None  # per prompt token: None for the first, then {id: Logprob}
     cumulative_logprob: float | None = None
+    # speculative decoding
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts proposed for the next step
+    spec_stats: object | None = None  # minirunner.spec.metrics.SpecStats once it speculated
+    # prompt + output token ids in one preallocated int64 array of max_len entries (valid up to
+    # num_tokens): the runner slices it each step instead of concatenating lists. Output tokens are
+    # added only through append_token, which keeps it and output_token_ids in step.
+    token_buffer: np.ndarray = field(init=False, repr=False)
+
+
+    def __post_init__(self) -> None:
+        self.token_buffer = np.zeros(max(self.max_len, len(self.prompt_token_ids)), dtype=np.int64)
+        self.token_buffer[:len(self.prompt_token_ids)] = self.prompt_token_ids
 
     @property
     def all_token_ids(self) -> list[int]:

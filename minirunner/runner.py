@@ -34,6 +34,7 @@ from minirunner.logprobs import TokenLogprobs, score_prompts, score_tokens
 from minirunner.model.decoder import DecoderLM
 from minirunner.request import Request
 from minirunner.scheduler import ScheduledRequest
+from minirunner.spec.verify import verify_drafts
 
 _SEED_MASK = (1 << 63) - 1
 
@@ -42,10 +43,11 @@ _SEED_MASK = (1 << 63) - 1
 class StepInputs:
     """What ``prepare_inputs`` hands the later stages: views of the static buffers for this step.
 
-    input_ids: int64 [num_tokens]; logits_indices: int64 [num_sampling] (the flat rows whose logits are
-    computed: the last query row of every request that samples); sample_rows: the sampling requests'
-    state rows (host); sample_positions: int64 [num_sampling] (position of the token being sampled);
-    sample_requests: those requests, in order.
+    input_ids: int64 [num_tokens]; logits_indices: int64 [num_sampling + num_draft_tokens] (the flat
+    rows whose logits are computed: for every request that samples, its last known token's row, then one
+    row per speculative draft); sample_rows: the sampling requests' state rows (host); sample_positions:
+    int64 [num_sampling] (position of the first token each samples); sample_requests: those requests, in
+    order.
     """
 
     input_ids: torch.Tensor
@@ -54,6 +56,8 @@ class StepInputs:
     sample_rows: np.ndarray
     sample_positions: torch.Tensor
     sample_requests: list[Request]
+    draft_token_ids: np.ndarray  # int64 [num_draft_tokens]: speculative drafts, request by request
+    num_drafts: np.ndarray  # int64 [num_sampling]: drafts of each sampling request
 
 
 @dataclass(slots=True)
@@ -110,7 +114,8 @@ class _StateRows:
             self.seed[row] = request.seed & _SEED_MASK
             self.table_of[row] = None
         if self.table_of[row] is not table or self.version[row] != table.version:
-            # new, re-allocated after a preemption, or an entry replaced (copy-on-write): rewrite
+            # new, re-allocated after a preemption, or entries replaced (copy-on-write) or dropped
+            # (rolled-back drafts): rewrite
             self.table_of[row], self.num_written[row], self.version[row] = table, 0, table.version
         done, blocks = self.num_written[row], table.blocks
         if len(blocks) > done:
@@ -146,7 +151,7 @@ class ModelRunner:
         self.query_start_loc = self._buffer(S + 1, torch.int32)
         self.seq_lens = self._buffer(S, torch.int32)
         self.block_tables = self._buffer((S, self.max_blocks_per_seq), torch.int32)
-        self.logits_indices = self._buffer(S, torch.int64)
+        self.logits_indices = self._buffer(T, torch.int64)  # a speculative request scores k + 1 rows
         self.sample_positions = self._buffer(S, torch.int64)
         # Sampling parameters of a graph step's rows, read inside the replay.
         self.temperatures = self._buffer(S, torch.float32)
@@ -254,6 +259,8 @@ class ModelRunner:
         qlens = np.empty(S, dtype=np.int64)
         starts = np.empty(S, dtype=np.int64)
         samples = np.empty(S, dtype=bool)
+        num_drafts = np.zeros(S, dtype=np.int64)
+        drafts: list[int] = []
         T = sum(s.num_new_tokens for s in scheduled)
         ids = np.empty(T, dtype=np.int64)
         t = 0
@@ -261,8 +268,13 @@ class ModelRunner:
             request, n = s.request, s.num_new_tokens
             start = request.num_computed_tokens
             rows[i] = state.sync(request, kv.table(request.request_id))
-            ids[t:t + n] = request.token_buffer[start:start + n]
-            qlens[i], starts[i], samples[i] = n, start, start + n == request.num_tokens
+            known = min(n, request.num_tokens - start)
+            ids[t:t + known] = request.token_buffer[start:start + known]
+            if s.draft_token_ids:  # speculative tokens follow the known ones
+                ids[t + known:t + n] = s.draft_token_ids
+                num_drafts[i] = len(s.draft_token_ids)
+                drafts += s.draft_token_ids
+            qlens[i], starts[i], samples[i] = n, start, s.samples
             t += n
         qsl = np.zeros(S + 1, dtype=np.int32)
         np.cumsum(qlens, out=qsl[1:])
@@ -272,8 +284,12 @@ class ModelRunner:
             + positions % B
         seq_lens = (starts + qlens).astype(np.int32)
         max_seq_len = int(seq_lens.max())
-        logits_rows = (qsl[1:][samples] - 1).astype(np.int64)
-        sample_positions = seq_lens[samples].astype(np.int64)
+        # logits_indices: each sampling request's last known token, then each of its drafts
+        d = num_drafts[samples]
+        width = d + 1
+        logits_rows = np.repeat(qsl[1:][samples] - width, width) \
+            + np.arange(int(width.sum())) - np.repeat(np.cumsum(width) - width, width)
+        sample_positions = (seq_lens[samples] - d).astype(np.int64)  # of the first token sampled
         if bucket is None:
             self._put(self.block_tables, state.block_tables[rows, :-(-max_seq_len // B)])
         else:  # every request samples: the padded rows follow the batch's
@@ -299,6 +315,8 @@ class ModelRunner:
             sample_rows=rows[samples],
             sample_positions=self._put(self.sample_positions, sample_positions),
             sample_requests=[s.request for s, flag in zip(scheduled, samples, strict=True) if flag],
+            draft_token_ids=np.asarray(drafts, dtype=np.int64),
+            num_drafts=d,
         )
 
     def _pad_decode(self, ids, positions, slots, seq_lens, sample_positions, rows: np.ndarray,
@@ -373,9 +391,20 @@ class ModelRunner:
         return tokens.tolist()
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledRequest], kv: KVCacheManager):
-        """Run one step. Returns (token ids sampled for the requests whose step ``samples``, in order,
-        their fp32 logits [n, vocab] (raw: before penalties, bias and temperature) or None)."""
+    def forward_logits(self, scheduled: list[ScheduledRequest], kv: KVCacheManager) -> torch.Tensor | None:
+        """prepare_inputs -> run_model -> compute_logits with no sampling (eager): the fp32 logits of
+        the rows that sample, or None. The draft proposer samples its tokens itself."""
+        inputs = self.prepare_inputs(scheduled, kv)
+        hidden = self.run_model(inputs)
+        return self.compute_logits(hidden, inputs) if len(inputs.sample_rows) else None
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[ScheduledRequest], kv: KVCacheManager,
+                draft_probs: torch.Tensor | None = None):
+        """Run one step. Returns (the tokens each request whose step ``samples`` emits, in order: one
+        each, or the accepted run of a speculative request; their fp32 logits [rows, vocab] (raw: before
+        penalties, bias and temperature) or None). draft_probs: fp32 [num_draft_tokens, vocab], the
+        draft model's q of every draft token in order, or None (no drafts, or one-hot n-gram drafts)."""
         bucket = self.graph_bucket(scheduled)
         inputs = self.prepare_inputs(scheduled, kv, bucket)
         if bucket is not None:
@@ -386,17 +415,19 @@ class ModelRunner:
             tokens, logits = tokens[:n], logits[:n].clone()
             self.last_prompt_logprobs = {}
             self._score_logprobs(logits, tokens, inputs)
-            return self.postprocess(tokens), logits
+            return [[t] for t in self.postprocess(tokens)], logits
         self.last_step = StepGraphInfo()
         hidden = self.run_model(inputs)
         self.last_prompt_logprobs = score_prompts(self.model, hidden, scheduled)
         if not len(inputs.sample_rows):
             return [], None
         logits = self.compute_logits(hidden, inputs)
+        if len(inputs.draft_token_ids):
+            return verify_drafts(self, logits, inputs, draft_probs), logits
         tokens = self.sample(logits, inputs)
         self.logits_processors.record(tokens)
         self._score_logprobs(logits, tokens, inputs)
-        return self.postprocess(tokens), logits
+        return [[t] for t in self.postprocess(tokens)], logits
 
     def _score_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, inputs: StepInputs) -> None:
         k = max((r.params.logprobs for r in inputs.sample_requests if r.params.logprobs is not None),

@@ -20,11 +20,13 @@ from minirunner.request import Request, RequestStatus
 class ScheduledRequest:
     request: Request
     num_new_tokens: int  # query tokens this step, starting at request.num_computed_tokens
+    draft_token_ids: list[int] = field(default_factory=list)  # speculative tokens after the known ones
 
     @property
     def samples(self) -> bool:
         """Does this step reach the end of the request's known tokens (so a new token is sampled)?"""
-        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+        return self.request.num_computed_tokens + self.num_new_tokens \
+            == self.request.num_tokens + len(self.draft_token_ids)
 
 
 @dataclass
@@ -59,7 +61,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_known = request.num_tokens - request.num_computed_tokens
+            num_new = min(num_known + len(request.spec_token_ids), budget)
             while not self.kv.allocate(request, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -68,7 +71,10 @@ class Scheduler:
                     break
             else:
                 self.kv.cache_full_blocks(request, request.num_computed_tokens + num_new)
-                out.scheduled.append(ScheduledRequest(request, num_new))
+                # a short budget drops the last drafts; cache_full_blocks never reaches them (it stops
+                # at the request's known tokens), so unverified tokens stay out of the prefix cache
+                drafts = request.spec_token_ids[:max(0, num_new - num_known)]
+                out.scheduled.append(ScheduledRequest(request, num_new, drafts))
                 budget -= num_new
                 i += 1
                 continue
@@ -96,6 +102,7 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
+        request.spec_token_ids = []
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         request.status = RequestStatus.PREEMPTED

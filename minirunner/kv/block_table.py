@@ -18,6 +18,14 @@ class BlockTable:
         self.blocks[index] = block
         self.version += 1
 
+    def truncate(self, num_blocks: int) -> list[int]:
+        """Drop the blocks past the first ``num_blocks`` (rolled-back speculative tokens); returns them.
+        Later blocks may reuse those positions with other ids, so this also counts as a replacement."""
+        dropped = self.blocks[num_blocks:]
+        del self.blocks[num_blocks:]
+        self.version += 1
+        return dropped
+
     def __len__(self) -> int:
         return len(self.blocks)
 

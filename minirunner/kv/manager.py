@@ -158,6 +158,17 @@ class KVCacheManager:
         self.step_cached.clear()
         self.pending_copies.clear()
 
+    def trim(self, request: Request) -> None:
+        """Return the blocks past the request's computed tokens to the pool (after speculative tokens
+        were rejected and ``num_computed_tokens`` rolled back). They hold no verified block, so none of
+        them is in the prefix cache."""
+        table = self.tables.get(request.request_id)
+        if table is None:
+            return
+        keep = self.blocks_for_tokens(request.num_computed_tokens)
+        if len(table.blocks) > keep:
+            self.pool.free(reversed(table.truncate(keep)))
+
     def free(self, request: Request) -> None:
         table = self.tables.pop(request.request_id, None)
         self._hashes.pop(request.request_id, None)

@@ -1,0 +1,182 @@
+"""DraftModelProposer: k draft tokens per request from a small model with its own paged KV cache.
+
+Owns the draft model, its KV cache (its own BlockPool and KVCacheManager, without prefix caching) and a
+second ModelRunner over it, plus one shadow sequence per request: the tokens the draft has seen and how
+many of them have K/V in the draft cache. Why its own pool rather than the target's block tables: the
+draft has other layer/head shapes and, above all, its own progress (it lags the target by one token and
+runs ahead of it by k - 1 drafts), so separate tables let each cache roll back on its own and never tie
+the target's prefix cache to a model that did not compute those blocks. Never verifies anything.
+
+Rollback is by agreement: before proposing, a shadow sequence keeps K/V only for the prefix on which
+its tokens agree with the request's verified tokens; rejected drafts' blocks return to the draft pool.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from kernels._triton import HAS_TRITON
+from kernels.rejection_sampling import probs_from_logits
+from kernels.sampling import sample, sample_ref
+from minirunner.attention import get_backend_class, resolve_backend_name
+from minirunner.config import EngineConfig, ModelConfig
+from minirunner.kv.manager import KVCacheManager
+from minirunner.model.loader import load_model
+from minirunner.request import Request
+from minirunner.runner import ModelRunner
+from minirunner.sampling_params import SamplingParams
+from minirunner.scheduler import ScheduledRequest
+
+_SEED_MASK = (1 << 63) - 1
+# The draft draws its tokens with noise keyed by (seed ^ salt, position): independent of the noise the
+# target's rejection sampler uses at the same position, which losslessness needs.
+_DRAFT_SALT = 0x2545F4914F6CDD1D
+
+
+@dataclass(eq=False)
+class _DraftSeq:
+    """What the draft runner reads of a request: id, tokens and K/V progress in the draft cache."""
+
+    request_id: str
+    tokens: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_verified: int = 0  # tokens[:num_verified] were the request's verified tokens at the last call
+    # The runner keeps sampling state per request; the draft samples itself, so these are unused.
+    params: SamplingParams = field(default_factory=SamplingParams)
+    seed: int = 0
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.tokens
+
+    @property
+    def token_buffer(self) -> np.ndarray:
+        return np.asarray(self.tokens, dtype=np.int64)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+
+class DraftModelProposer:
+    def __init__(self, draft_dir: str, config: EngineConfig, num_blocks: int):
+        self.model_config = mc = ModelConfig.from_dir(draft_dir)
+        self.model = load_model(draft_dir, mc, config.dtype, config.device)
+        backend = get_backend_class(resolve_backend_name(config.attention_backend, config.device))(
+            mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5, config.block_size,
+            config.device, config.dtype)
+        self.kv = KVCacheManager(num_blocks, config.block_size, enable_prefix_caching=False)
+        self.runner = ModelRunner(self.model, backend, num_blocks, config.block_size,
+                                  config.max_num_seqs, config.max_num_batched_tokens,
+                                  config.max_model_len)
+        self.max_batched = config.max_num_batched_tokens
+        self.device = config.device
+        self.seqs: dict[str, _DraftSeq] = {}
+        self.forward_s = 0.0
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+    def release(self, live_ids: set[str]) -> None:
+        """Free the draft state of requests that are gone (finished or aborted)."""
+        for rid in [r for r in self.seqs if r not in live_ids]:
+            self.kv.free(self.seqs.pop(rid))
+            self.runner.free_request(rid)
+
+    def _sync(self, request: Request) -> _DraftSeq:
+        """Align the shadow sequence with the request's verified tokens, rolling back K/V past the
+        first disagreement (rejected drafts) and returning emptied blocks to the pool."""
+        seq = self.seqs.setdefault(request.request_id, _DraftSeq(request.request_id))
+        verified = request.all_token_ids
+        agree = seq.num_verified
+        limit = min(len(seq.tokens), len(verified))
+        while agree < limit and seq.tokens[agree] == verified[agree]:
+            agree += 1
+        # The last verified token is always fed again: its logits give the first draft. (Its K/V can
+        # already be in the cache when a step's drafts were never verified, e.g. after preemption.)
+        seq.num_computed_tokens = min(seq.num_computed_tokens, agree, len(verified) - 1)
+        seq.tokens = list(verified)
+        seq.num_verified = len(verified)
+        self.kv.trim(seq)
+        return seq
+
+    # -- proposing ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, requests: list[Request], ks: list[int]):
+        """Draft ks[i] tokens for requests[i] (each decode-ready). Returns {request_id: (tokens, q)}
+        with q fp32 [len(tokens), vocab], the distribution each token was drawn from; a request the
+        draft pool cannot hold gets no drafts this step."""
+        t0 = time.perf_counter()
+        seqs = {r.request_id: self._sync(r) for r in requests}
+        want = {r.request_id: k for r, k in zip(requests, ks, strict=True) if k > 0}
+        by_id = {r.request_id: r for r in requests}
+        out: dict[str, tuple[list[int], list[torch.Tensor]]] = {rid: ([], []) for rid in want}
+        # Pass 0 catches each draft up on its verified tokens (chunked under the token budget) and
+        # samples its first draft; passes 1..k-1 feed one draft each and sample the next.
+        pending = list(want)
+        while pending:
+            pending = self._forward(pending, seqs, by_id, out, catch_up=True)
+        for j in range(1, max(want.values(), default=0)):
+            active = [rid for rid in want if want[rid] > j and rid in out]
+            for rid in self._forward(active, seqs, by_id, out, catch_up=False):
+                want[rid] = j  # the draft pool ran dry: keep the drafts made so far
+        self.forward_s += time.perf_counter() - t0
+        return {rid: (toks, torch.stack(qs)) for rid, (toks, qs) in out.items() if toks}
+
+    def _forward(self, rids, seqs, by_id, out, catch_up: bool) -> list[str]:
+        """One draft forward over ``rids``. Catching up: returns the ids with verified tokens left
+        (the token budget ran out); a request the pool cannot hold loses its drafts and its draft K/V.
+        Decoding: returns the ids the pool could not extend."""
+        budget, scheduled, left = self.max_batched, [], []
+        for rid in rids:
+            seq = seqs[rid]
+            todo = seq.num_tokens - seq.num_computed_tokens
+            n = min(todo, budget)
+            if n == 0:
+                left.append(rid)
+                continue
+            if not self.kv.allocate(seq, n):
+                if catch_up:
+                    self.kv.free(seq)
+                    seq.num_computed_tokens = 0
+                    out.pop(rid, None)
+                else:
+                    left.append(rid)
+                continue
+            scheduled.append(ScheduledRequest(seq, n))
+            budget -= n
+            if n < todo:
+                left.append(rid)
+        if not scheduled:  # nothing could run: give up on the rest rather than spin
+            if catch_up:
+                for rid in left:
+                    out.pop(rid, None)
+                return []
+            return left
+        self._run(scheduled, by_id, out)
+        return left
+
+    def _run(self, scheduled: list[ScheduledRequest], by_id, out) -> None:
+        logits = self.runner.forward_logits(scheduled, self.kv)
+        sampling = [s.request for s in scheduled if s.samples]
+        for s in scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+        if logits is None:
+            return
+        reqs = [by_id[seq.request_id] for seq in sampling]
+        dev = self.device
+        temps = torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32, device=dev)
+        top_k = torch.tensor([r.params.top_k for r in reqs], dtype=torch.int64, device=dev)
+        top_p = torch.tensor([r.params.top_p for r in reqs], dtype=torch.float32, device=dev)
+        seeds = torch.tensor([(r.seed ^ _DRAFT_SALT) & _SEED_MASK for r in reqs], dtype=torch.int64,
+                             device=dev)
+        positions = torch.tensor([seq.num_tokens for seq in sampling], dtype=torch.int64, device=dev)
+        sampler = sample if dev.type == "cuda" and HAS_TRITON else sample_ref
+        tokens = sampler(logits, temps, top_k, top_p, seeds, positions).tolist()
+        q = probs_from_logits(logits, temps, top_k, top_p)
+        for i, (seq, token) in enumerate(zip(sampling, tokens, strict=True)):
+            seq.tokens.append(token)
+            out[seq.request_id][0].append(token)
+            out[seq.request_id][1].append(q[i])

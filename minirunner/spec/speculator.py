@@ -1,0 +1,93 @@
+"""Speculator: the engine's side of speculative decoding — drafts before a step, bookkeeping after it.
+
+Owns choosing k for each step (fixed, by batch-size table, or acceptance-driven), asking the proposer
+for drafts of every decode-ready running request (fewer near max_tokens / max_model_len), handing the
+draft probabilities to the verify step, and the metrics (per request, engine-wide, per step). Never
+runs the target model, never appends tokens and never touches the target's KV cache (the engine rolls
+back num_computed_tokens; the draft proposer rolls back its own cache).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from minirunner.request import Request
+from minirunner.scheduler import ScheduledRequest
+from minirunner.spec.config import SpeculativeConfig
+from minirunner.spec.draft_model import DraftModelProposer
+from minirunner.spec.dynamic import AcceptanceDrivenK
+from minirunner.spec.metrics import SpecStats
+from minirunner.spec.ngram import NgramProposer
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, engine_config, num_blocks: int):
+        self.config = config
+        if config.method == "draft_model":
+            self.proposer = DraftModelProposer(config.model, engine_config, num_blocks)
+        else:
+            self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.dynamic = AcceptanceDrivenK(config.num_speculative_tokens, config.cost_ratio) \
+            if config.dynamic_k == "acceptance" else None
+        self.stats = SpecStats()
+        self._probs: dict[str, torch.Tensor] = {}
+        self.last_k = 0
+        self.last_propose_s = 0.0
+
+    def choose_k(self, batch_size: int) -> int:
+        if self.dynamic is not None:
+            return self.dynamic.choose(self.stats)
+        return self.config.k_for_batch_size(batch_size)
+
+    def propose(self, running: list[Request], live_ids: set[str]) -> None:
+        """Set ``spec_token_ids`` on every running request (empty unless it is decode-ready)."""
+        t0 = time.perf_counter()
+        self.proposer.release(live_ids)
+        self._probs.clear()
+        ready = []
+        for r in running:
+            r.spec_token_ids = []
+            if r.num_computed_tokens == r.num_tokens - 1:
+                ready.append(r)
+        k = self.choose_k(len(running)) if ready else 0
+        self.last_k = k
+        # A step emits up to k + 1 tokens: never past max_len (prompt + max_tokens, max_model_len).
+        ks = [max(0, min(k, r.max_len - r.num_tokens - 1)) for r in ready]
+        if any(ks):
+            for rid, (tokens, probs) in self.proposer.propose(ready, ks).items():
+                request = next(r for r in ready if r.request_id == rid)
+                request.spec_token_ids = tokens
+                if probs is not None:
+                    self._probs[rid] = probs
+        self.last_propose_s = time.perf_counter() - t0
+
+    def draft_probs(self, scheduled: list[ScheduledRequest]) -> torch.Tensor | None:
+        """q of every draft token of this step, in order ([num_draft_tokens, vocab]), or None."""
+        if not self._probs:
+            return None
+        rows = [self._probs[s.request.request_id][:len(s.draft_token_ids)]
+                for s in scheduled if s.samples and s.draft_token_ids]
+        return torch.cat(rows) if rows else None
+
+    def record(self, sampling: list[ScheduledRequest], runs: list[list[int]], verify_s: float):
+        """Count what the verify step accepted; returns {request_id: [k, accepted]} for the trace."""
+        per_step = {}
+        for s, run in zip(sampling, runs, strict=True):
+            k = len(s.draft_token_ids)
+            if not k:
+                continue
+            accepted = len(run) - 1
+            per_step[s.request.request_id] = [k, accepted]
+            self.stats.record(k, accepted)
+            if s.request.spec_stats is None:
+                s.request.spec_stats = SpecStats()
+            s.request.spec_stats.record(k, accepted)
+        if per_step:
+            self.stats.propose_s += self.last_propose_s
+            self.stats.verify_s += verify_s
+            if self.dynamic is not None:
+                self.dynamic.observe(self.last_propose_s, max(k for k, _ in per_step.values()),
+                                     verify_s)
+        return per_step
