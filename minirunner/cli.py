@@ -35,8 +35,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None, metavar="N",
                    help="the bucket ladder (default 1 2 4 8 then multiples of 8 up to --max-num-seqs)")
     p.add_argument("--num-threads", default="auto",
-                   help="CPU threads for torch: auto = 1 for a model under 100M parameters, else torch's "
-                        "default; or a number")
+                   help="CPU threads for torch: auto = one per core; 1 is faster on a machine "
+                        "shared with other busy jobs")
 
 
 def _llm_kwargs(args) -> dict:

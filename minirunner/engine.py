@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import random
 import time
 from collections import deque
@@ -39,9 +40,6 @@ from minirunner.spec.speculator import Speculator
 from minirunner.tokenizer import load_tokenizer
 
 _DEFAULT_CPU_KV_BYTES = 1 << 30
-# Below this many parameters a CPU step is a few hundred small operators: splitting each over several
-# threads costs more in fork/join than it saves (measured: see benchmarks/README.md), so "auto" uses one.
-_SMALL_MODEL_PARAMS = 100_000_000
 TRACE_MAX_STEPS = 10_000
 
 
@@ -465,13 +463,19 @@ def _cache_salt(config: EngineConfig, model_config: ModelConfig) -> bytes:
 
 
 def _configure_cpu_threads(config: EngineConfig, model_config: ModelConfig) -> int:
-    """On a CPU, set torch's intra-op threads: ``num_threads`` if given, one for a small model under
-    "auto", torch's own setting under None. Returns the number in force (it is process-wide)."""
+    """On a CPU, set torch's intra-op threads: ``num_threads`` if given; under "auto" one per core this
+    process may run on; under None, torch's own setting. Returns the number in force (process-wide).
+
+    Measured on a quiet 2-core machine with the embedded model (benchmarks/README.md): two threads beat
+    one at batch 1 and by a third at 64 ragged requests. On an oversubscribed machine (more runnable
+    threads than cores, e.g. other jobs) every multi-threaded operator waits for a descheduled thread,
+    and one thread is far faster: pass num_threads=1 there."""
     if config.device.type == "cpu" and config.num_threads is not None:
-        if config.num_threads != "auto":
+        if config.num_threads == "auto":
+            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                      else os.cpu_count() or 1))
+        else:
             torch.set_num_threads(config.num_threads)
-        elif model_config.num_parameters < _SMALL_MODEL_PARAMS:
-            torch.set_num_threads(1)
     return torch.get_num_threads()
 
 

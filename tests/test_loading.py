@@ -3,6 +3,8 @@ budget turns bytes into blocks by the KV-per-token formula."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import transformers
@@ -80,7 +82,8 @@ def test_cpu_threads(tmp_path):
     before = torch.get_num_threads()
     try:
         assert LLM(str(path), device="cpu", num_threads=2).engine.num_threads == 2
-        assert LLM(str(path), device="cpu").engine.num_threads == 1  # "auto": a small model, one thread
+        assert LLM(str(path), device="cpu", num_threads=1).engine.num_threads == 1
+        assert LLM(str(path), device="cpu").engine.num_threads == len(os.sched_getaffinity(0))  # "auto"
         with pytest.raises(ValueError, match="num_threads"):
             LLM(str(path), device="cpu", num_threads=0)
     finally:
