@@ -55,6 +55,16 @@ def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
+def _timing(workload: Workload, out_tokens: int, seconds: float, ttft: list[float],
+            tpot: list[float]) -> dict:
+    """The throughput and latency fields every run reports the same way."""
+    return dict(num_requests=len(workload), prompt_tokens=workload.num_prompt_tokens,
+                output_tokens=out_tokens, seconds=seconds, output_tok_per_s=out_tokens / seconds,
+                total_tok_per_s=(out_tokens + workload.num_prompt_tokens) / seconds,
+                ttft_p50=_pct(ttft, 50), ttft_p99=_pct(ttft, 99), tpot_p50=_pct(tpot, 50),
+                tpot_p99=_pct(tpot, 99))
+
+
 def run_minirunner(llm: LLM, workload: Workload, label: str = "minirunner",
                    use_tqdm: bool = False) -> BenchResult:
     """Run every request of the workload through ``llm`` at once (offline: all arrive at t = 0)."""
@@ -74,11 +84,7 @@ def run_minirunner(llm: LLM, workload: Workload, label: str = "minirunner",
     util = [t["kv_slots_used"] / t["kv_slots_allocated"] for t in trace if t["kv_slots_allocated"]]
     cfg = llm.engine.config
     return BenchResult(
-        label=label, engine="minirunner", num_requests=len(workload),
-        prompt_tokens=workload.num_prompt_tokens, output_tokens=out_tokens, seconds=seconds,
-        output_tok_per_s=out_tokens / seconds,
-        total_tok_per_s=(out_tokens + workload.num_prompt_tokens) / seconds,
-        ttft_p50=_pct(ttft, 50), ttft_p99=_pct(ttft, 99), tpot_p50=_pct(tpot, 50), tpot_p99=_pct(tpot, 99),
+        label=label, engine="minirunner", **_timing(workload, out_tokens, seconds, ttft, tpot),
         peak_concurrent_seqs=max(t["num_running"] for t in trace),
         kv_utilization_mean=float(np.mean(util)) if util else None,
         kv_utilization_min=float(np.min(util)) if util else None,
@@ -161,11 +167,7 @@ def run_transformers(model_dir: str, workload: Workload, batch_size: int, dtype:
     seconds = time.perf_counter() - start
     out_tokens = workload.num_output_tokens
     return BenchResult(
-        label=label, engine="transformers", num_requests=len(workload),
-        prompt_tokens=workload.num_prompt_tokens, output_tokens=out_tokens, seconds=seconds,
-        output_tok_per_s=out_tokens / seconds,
-        total_tok_per_s=(out_tokens + workload.num_prompt_tokens) / seconds,
-        ttft_p50=_pct(ttft, 50), ttft_p99=_pct(ttft, 99), tpot_p50=_pct(tpot, 50), tpot_p99=_pct(tpot, 99),
+        label=label, engine="transformers", **_timing(workload, out_tokens, seconds, ttft, tpot),
         peak_concurrent_seqs=min(batch_size, len(workload)), kv_utilization_mean=None,
         kv_utilization_min=None, num_preemptions=None, cached_prompt_tokens=None,
         settings=dict(batch_size=batch_size, padding="left", dtype=str(dtype), device=str(device),
