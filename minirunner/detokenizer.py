@@ -21,7 +21,7 @@ class IncrementalDetokenizer:
     """
 
     __slots__ = ("tokenizer", "skip_special_tokens", "stop", "include_stop", "min_tokens",
-                 "token_ids", "prefix_offset", "read_offset", "output_text", "num_sent", "finished",
+                 "token_ids", "prefix_offset", "read_offset", "_text", "num_sent", "finished",
                  "stop_check_offset")
 
     def __init__(self, tokenizer, skip_special_tokens: bool = True, stop: list[str] = (),
@@ -34,7 +34,7 @@ class IncrementalDetokenizer:
         self.token_ids: list[int] = []
         self.prefix_offset = 0
         self.read_offset = 0
-        self.output_text = ""
+        self._text = ""
         self.num_sent = 0  # characters of output_text already streamed
         self.finished = False
         self.stop_check_offset = 0  # stop strings match only text after the first min_tokens tokens
@@ -42,26 +42,42 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
-    def append(self, token_id: int) -> str | None:
-        """Add one output token; returns the stop string it completed (the text is then cut there),
-        or None."""
-        self.token_ids.append(token_id)
+    @property
+    def output_text(self) -> str:
+        """The text so far (decoding any tokens appended since it was last read)."""
+        if self.read_offset < len(self.token_ids) and not self.finished:
+            self._advance()
+        return self._text
+
+    def _advance(self) -> str:
+        """Decode the tokens appended since the last emitted text; returns the new characters."""
         prefix_text = self._decode(self.token_ids[self.prefix_offset:self.read_offset])
         new_text = self._decode(self.token_ids[self.prefix_offset:])
         if len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT):
-            return None  # a special token skipped, or a character still incomplete: wait
+            return ""  # a special token skipped, or a character still incomplete: wait
         delta = new_text[len(prefix_text):]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
-        self.output_text += delta
+        self._text += delta
+        return delta
+
+    def append(self, token_id: int) -> str | None:
+        """Add one output token; returns the stop string it completed (the text is then cut there),
+        or None. Without stop strings nothing needs the text yet: decoding waits until it is read
+        (one decode for several tokens, the same text)."""
+        self.token_ids.append(token_id)
+        if not self.stop:
+            return None
+        delta = self._advance()
+        if not delta:
+            return None
         # As vLLM: stop strings are looked for only in text that follows the first min_tokens tokens.
         if len(self.token_ids) <= self.min_tokens:
-            self.stop_check_offset = len(self.output_text)
-        elif self.stop:
-            return self._find_stop(len(delta))
-        return None
+            self.stop_check_offset = len(self._text)
+            return None
+        return self._find_stop(len(delta))
 
     def _find_stop(self, num_new_chars: int) -> str | None:
-        text = self.output_text
+        text = self._text
         best: tuple[int, str] | None = None
         for stop in self.stop:
             # A new match must end inside the new characters.
@@ -72,7 +88,7 @@ class IncrementalDetokenizer:
         if best is None:
             return None
         pos, stop = best
-        self.output_text = text[:pos + len(stop)] if self.include_stop else text[:pos]
+        self._text = text[:pos + len(stop)] if self.include_stop else text[:pos]
         self.finished = True
         return stop
 
@@ -82,7 +98,7 @@ class IncrementalDetokenizer:
         if not stopped_by_string and self.read_offset < len(self.token_ids):
             prefix_text = self._decode(self.token_ids[self.prefix_offset:self.read_offset])
             new_text = self._decode(self.token_ids[self.prefix_offset:])
-            self.output_text += new_text[len(prefix_text):]
+            self._text += new_text[len(prefix_text):]
             self.read_offset = len(self.token_ids)
         self.finished = True
 
@@ -90,7 +106,7 @@ class IncrementalDetokenizer:
         """Characters at the end of the text that may still become a stop string."""
         if self.finished or self.include_stop or not self.stop:
             return 0
-        text = self.output_text
+        text = self._text
         longest = 0
         for stop in self.stop:
             for k in range(min(len(stop) - 1, len(text)), longest, -1):

@@ -77,6 +77,12 @@ class KVCacheManager:
                  cached_blocks: list[int] = (), headroom: int = 0) -> bool:
         """Make room for ``num_new_tokens`` more tokens (after taking ``cached_blocks`` as the prefix),
         leaving at least ``headroom`` blocks free. Returns False, changing nothing, if the pool cannot."""
+        table = self.tables.get(request.request_id)
+        if table is not None and not cached_blocks:  # the common decode step: room already there?
+            total = request.num_computed_tokens + num_new_tokens
+            if self.blocks_for_tokens(total) <= len(table) and headroom <= self.pool.num_free_blocks \
+                    and not self._shared_in_range(table, request.num_computed_tokens, total):
+                return True
         if not self.can_allocate(request, num_new_tokens, cached_blocks, headroom):
             return False
         table = self.tables.setdefault(request.request_id, BlockTable(self.block_size))
