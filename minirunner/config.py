@@ -125,16 +125,6 @@ class ModelConfig:
             config_dtype=cfg.get("dtype") or cfg.get("torch_dtype"),
         )
 
-    @property
-    def num_parameters(self) -> int:
-        """Weights of the forward pass (embedding, layers, untied lm_head), from the shapes alone."""
-        h, q, kv = self.hidden_size, self.num_q_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size + 2 * h
-        per_layer += (q + 2 * kv) if self.attention_bias else 0
-        per_layer += 2 * self.head_dim if self.qk_norm else 0
-        head = 0 if self.tie_word_embeddings else self.vocab_size * h
-        return self.vocab_size * h + self.num_layers * per_layer + h + head
-
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
         elem = torch.tensor([], dtype=dtype).element_size()

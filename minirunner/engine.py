@@ -402,9 +402,9 @@ class LLMEngine:
     def _occupancy(self) -> dict:
         """Blocks and KV slots in use now, and (with trace_block_tables) every block table."""
         pool, block_size = self.block_pool, self.config.block_size
-        held = sum(r.num_computed_tokens for r in self.scheduler.running)
-        if self.kv.enable_prefix_caching:  # a shared block holds its tokens once
-            held -= block_size * sum(rc - 1 for rc in pool.ref_counts if rc > 1)
+        # A shared block holds its tokens once. Counting it as full is exact for prefix-cache hits (only
+        # full blocks are shared) and over-subtracts a fork's partial prompt block until it is copied.
+        held = sum(r.num_computed_tokens for r in self.scheduler.running) - block_size * pool.num_shared_refs
         return dict(
             blocks_used=pool.num_used_blocks, blocks_free=pool.num_free_blocks,
             blocks_cached=pool.num_cached_free_blocks if self.kv.enable_prefix_caching else 0,

@@ -48,6 +48,9 @@ class BlockPool:
         # digest -> the blocks holding that prefix (two requests may compute equal blocks at once)
         self.cached: dict[Digest, dict[int, None]] = {}
         self.num_evictions = 0
+        # sum over blocks of (ref count - 1) where above 1: references that share a block another table
+        # already holds (prefix hits, n > 1 forks), kept as a count so nobody scans ref_counts per step
+        self.num_shared_refs = 0
 
     # -- counts ---------------------------------------------------------------------------------
     @property
@@ -81,6 +84,8 @@ class BlockPool:
         """One more block table holds ``block`` (a prefix-cache hit); revives it if it was free."""
         if self.ref_counts[block] == 0:
             del self._free[block]
+        else:
+            self.num_shared_refs += 1
         self.ref_counts[block] += 1
 
     def free(self, blocks: Iterable[int]) -> None:
@@ -89,6 +94,8 @@ class BlockPool:
         for block in blocks:
             if self.ref_counts[block] <= 0:
                 raise RuntimeError(f"block {block} freed more often than it was allocated")
+            if self.ref_counts[block] > 1:
+                self.num_shared_refs -= 1
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
                 self._free[block] = None
@@ -145,6 +152,8 @@ class BlockPool:
         assert all(rc >= 0 for rc in self.ref_counts), "negative ref count"
         assert not (free & in_use), f"blocks both free and referenced: {sorted(free & in_use)}"
         assert len(free) + len(in_use) == self.num_blocks, "a block is neither free nor in use"
+        assert self.num_shared_refs == sum(rc - 1 for rc in self.ref_counts if rc > 1), \
+            "the shared-reference count drifted from the ref counts"
         for h, blocks in self.cached.items():
             for block in blocks:
                 assert self.block_hash[block] == h, f"block {block} is listed under hash {h} " \

@@ -40,6 +40,10 @@ class ContiguousPool:
         return 0
 
     @property
+    def num_shared_refs(self) -> int:
+        return 0  # a reservation is never shared
+
+    @property
     def largest_free_run(self) -> int:
         return max(self.lengths, default=0)
 
