@@ -119,7 +119,7 @@ def main() -> None:
                   f"{weight_bytes / step_s / 1e9:.0f} GB/s = {report['roofline_batch1']['fraction']:.0%} of "
                   f"the measured copy bandwidth {bw:.0f} GB/s", flush=True)
             runner = graph_llm.engine.runner
-            graph, _ = runner.graphs._graphs[(1, "greedy")]
+            graph, _ = runner.graphs._graphs[(1, "greedy", 1)]
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")
             try:

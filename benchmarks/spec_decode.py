@@ -1,119 +1,99 @@
-"""Speculative decoding on the embedded pair at batch 1, side by side in one run: plain decoding, the
-draft-model and n-gram proposers, and transformers' greedy and assisted generation (assistant_model=the
-same draft) on the same prompts.
+"""Speculative decoding on the embedded pair at batch 1, side by side in one run: each proposer (draft
+model, n-gram) against plain decoding of the same runner, and transformers' assisted generation (the same
+draft, or its n-gram prompt lookup) against transformers' own generate, on the same prompts. Every figure
+comes from ``minirunner bench`` (``run_bench``); this script repeats it, keeps medians, writes JSON.
 
-Prints a table and writes JSON (``--out``). Each figure is the median of ``--reps`` timed passes over all
-prompts (after one warm-up pass), taken in the same process so that load from other work hits all modes
-alike; speedups are ratios to plain decoding of the same runner (and to transformers' own greedy
-generate for assisted generation). CPU, eager (no graph mode). Usage:
-    python benchmarks/spec_decode.py [--k 3] [--max-tokens 64] [--reps 3] [--out FILE]
-(written as a script because ``minirunner bench`` was not on main yet.)
+    python benchmarks/spec_decode.py --repeats 3 --out benchmarks/results/spec_decode_cpu.json
+
+CPU and eager (graph_mode="none") by default; ``--device cuda --graph-mode cuda`` is the GPU check's run
+(scripts/gpu_check.sh). The exact ``minirunner bench`` command of each case is printed and stored.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import time
 from pathlib import Path
 
-import torch
+from minirunner.bench import environment, format_table, run_bench
 
-from minirunner import LLM, SamplingParams
-from minirunner.assets import default_draft_dir, default_model_dir
-
-PROMPTS = ["ROMEO:\nBut soft, what light through yonder window breaks?",
-           "KING HENRY:\nOnce more unto the breach, dear friends, once more;",
-           "HAMLET:\nTo be, or not to be, that is the question:",
-           "First Citizen:\nBefore we proceed any further, hear me speak."]
-# Repetitive text: the continuation of a passage the prompt already holds twice.
-_PASSAGE = ("KING RICHARD:\nA horse! a horse! my kingdom for a horse!\nCATESBY:\nWithdraw, my lord; "
-            "I'll help you to a horse.\n")
-REPETITIVE = [_PASSAGE * 2 + _PASSAGE[:n] for n in (14, 30, 52, 70)]
+WORKLOADS = ("text", "repetitive")
+METHODS = ("draft_model", "ngram")
 
 
-def _time_runner(llm: LLM, prompts, params, reps: int) -> tuple[float, list[list[int]]]:
-    def one_pass():
-        return [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
-    out = one_pass()  # warm-up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        one_pass()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+def case(workload: str, method: str, k: int, max_tokens: int, num_requests: int, device: str,
+         graph_mode: str, num_threads) -> dict:
+    spec = {"method": method, "num_speculative_tokens": k}
+    if method == "ngram":
+        spec.update(prompt_lookup_min=1, prompt_lookup_max=3)
+    return dict(workload=workload, num_requests=num_requests, output_len=(max_tokens, max_tokens),
+                max_num_seqs=1, hf_batch_size=1, speculative_config=spec, device=device,
+                graph_mode=graph_mode, num_threads=num_threads,
+                compare=["plain", "transformers", "transformers_assisted"])
 
 
-def _time_hf(model, tokenizer, prompts, max_tokens, reps, assistant=None) -> float:
-    ids = [torch.tensor([tokenizer.encode(p)]) for p in prompts]
-    kw = dict(do_sample=False, max_new_tokens=max_tokens, min_new_tokens=max_tokens, pad_token_id=0)
-    if assistant is not None:
-        kw["assistant_model"] = assistant
-
-    def one_pass():
-        with torch.inference_mode():
-            for x in ids:
-                model.generate(x, **kw)
-    one_pass()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        one_pass()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def command_line(kw: dict) -> str:
+    out, k = kw["output_len"][0], kw["speculative_config"]
+    return (f"minirunner bench --device {kw['device']} --graph-mode {kw['graph_mode']} "
+            f"--num-threads {kw['num_threads']} "
+            f"--workload {kw['workload']} --num-requests {kw['num_requests']} "
+            f"--output-len {out} {out} --max-num-seqs 1 --hf-batch-size 1 --speculative-config "
+            f"'{json.dumps(k)}' --compare plain --compare transformers --compare transformers_assisted")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--k", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--num-prompts", type=int, default=4)
-    parser.add_argument("--out", default="benchmarks/results/spec_decode_cpu.json")
-    args = parser.parse_args()
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    common = dict(device="cpu", attention_backend="torch")
-    plain = LLM(**common)
-    draft = LLM(**common, speculative_config={"method": "draft_model", "num_speculative_tokens": args.k})
-    ngram = LLM(**common, speculative_config={"method": "ngram", "num_speculative_tokens": args.k,
-                                             "prompt_lookup_min": 1, "prompt_lookup_max": 3})
-    rows = {}
-    sets = (("shakespeare", PROMPTS[:args.num_prompts]), ("repetitive", REPETITIVE[:args.num_prompts]))
-    for name, prompts in sets:
-        t_plain, ref = _time_runner(plain, prompts, params, args.reps)
-        n_tokens = sum(len(r) for r in ref)
-        rows[f"{name}/plain"] = dict(seconds=t_plain, tok_per_s=n_tokens / t_plain, speedup=1.0)
-        for label, llm in (("draft_model", draft), ("ngram", ngram)):
-            llm.engine.spec.stats.__init__()  # metrics of the timed passes only
-            t, out = _time_runner(llm, prompts, params, args.reps)
-            assert out == ref, f"{label} changed the greedy output"
-            m = llm.get_spec_metrics()
-            steps, k = m["num_steps"], args.k
-            c = (m["propose_s"] / (steps * k)) / (m["verify_s"] / steps) if steps else None
-            rows[f"{name}/{label}"] = dict(
-                seconds=t, tok_per_s=n_tokens / t, speedup=t_plain / t, alpha=m["alpha"],
-                mean_accepted_length=m["mean_accepted_length"], cost_ratio_c=c)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(default_model_dir())
-    target = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32).eval()
-    assistant = AutoModelForCausalLM.from_pretrained(default_draft_dir(), dtype=torch.float32).eval()
-    for name, prompts in sets:
-        t_hf = _time_hf(target, tok, prompts, args.max_tokens, args.reps)
-        t_as = _time_hf(target, tok, prompts, args.max_tokens, args.reps, assistant)
-        rows[f"{name}/hf_greedy"] = dict(seconds=t_hf, speedup_vs_minirunner_plain=rows[
-            f"{name}/plain"]["seconds"] / t_hf)
-        rows[f"{name}/hf_assisted"] = dict(seconds=t_as, speedup_vs_hf_greedy=t_hf / t_as)
-    print(f"batch 1, k={args.k}, {args.max_tokens} tokens per prompt, median of {args.reps} passes")
-    for key, row in rows.items():
-        print(f"{key:28s} " + "  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
-                                        for k, v in row.items()))
-    out = dict(machine=platform.processor() or platform.machine(), torch=torch.__version__,
-               threads=torch.get_num_threads(), k=args.k, max_tokens=args.max_tokens,
-               reps=args.reps, num_prompts=args.num_prompts, mode="eager", results=rows)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--num-requests", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--num-threads", default="auto",
+                    help="torch CPU threads (auto: one per core; 1 holds up better on a shared machine)")
+    ap.add_argument("--graph-mode", default="none", choices=["none", "cuda", "compile"])
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--out", default="benchmarks/results/spec_decode_cpu.json")
+    args = ap.parse_args()
+    summary = dict(environment=environment(), repeats=args.repeats, k=args.k, device=args.device,
+                   graph_mode=args.graph_mode, cases={})
+    for workload in args.workloads:
+        for method in args.methods:
+            threads = args.num_threads if args.num_threads == "auto" else int(args.num_threads)
+            kw = case(workload, method, args.k, args.max_tokens, args.num_requests, args.device,
+                      args.graph_mode, threads)
+            print(f"== {workload} / {method}: {command_line(kw)}", flush=True)
+            reports = [run_bench(**kw) for _ in range(args.repeats)]
+            for r in reports:
+                print(format_table(r), flush=True)
+
+            def med(values):
+                return dict(median=statistics.median(values), min=min(values), max=max(values))
+            labels = [r["label"] for r in reports[0]["results"]]
+            row = dict(
+                command=command_line(kw),
+                speedup_vs_plain=med([r["ratios"][labels[1]]["output_tok_per_s"] for r in reports]),
+                hf_assisted_speedup=med([r["transformers_assisted_speedup"]["output_tok_per_s"]
+                                         for r in reports]),
+                output_tok_per_s={lab: med([r["results"][i]["output_tok_per_s"] for r in reports])
+                                  for i, lab in enumerate(labels)},
+                alpha=med([r["results"][0]["speculative"]["alpha"] for r in reports]),
+                mean_accepted_length=med([r["results"][0]["speculative"]["mean_accepted_length"]
+                                          for r in reports]),
+                # c: one draft token's proposer time over one verify pass (the spec steps only)
+                cost_ratio_c=med([_cost_ratio(r["results"][0]["speculative"], args.k) for r in reports]))
+            summary["cases"][f"{workload}/{method}"] = row
+            print(f"-> {workload}/{method}: x{row['speedup_vs_plain']['median']:.2f} vs plain decoding; "
+                  f"transformers assisted x{row['hf_assisted_speedup']['median']:.2f}; alpha "
+                  f"{row['alpha']['median']:.2f}, c {row['cost_ratio_c']['median']:.3f}", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
+    Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
+
+
+def _cost_ratio(stats: dict, k: int) -> float | None:
+    steps = stats["num_steps"]
+    return (stats["propose_s"] / (steps * k)) / (stats["verify_s"] / steps) if steps else None
 
 
 if __name__ == "__main__":

@@ -58,12 +58,21 @@ def recovery_weights(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return (p - q).clamp_min(0.0)
 
 
-def _request_index(cu_num_draft_tokens: torch.Tensor, num_draft_tokens: int):
-    """For each draft token: its request and its index j within that request's drafts."""
+def _request_index(cu_num_draft_tokens: torch.Tensor, num_draft_tokens: int,
+                   uniform_k: int | None = None):
+    """For each draft token: its request and its index j within that request's drafts; and each
+    request's k. ``uniform_k``: every request has that many drafts, so the indices come from static
+    shapes alone (no value is read back: the graph-mode verify step)."""
     cu = cu_num_draft_tokens.long()
+    batch, dev = cu.shape[0], cu.device
+    if uniform_k is not None:
+        req = torch.arange(batch, device=dev).repeat_interleave(uniform_k)
+        j = torch.arange(uniform_k, device=dev).repeat(batch)
+        return req, j, torch.full((batch,), uniform_k, dtype=torch.long, device=dev)
     starts = torch.cat([cu.new_zeros(1), cu[:-1]])
-    req = torch.repeat_interleave(torch.arange(len(cu), device=cu.device), cu - starts)
-    j = torch.arange(num_draft_tokens, device=cu.device) - starts[req]
+    req = torch.repeat_interleave(torch.arange(batch, device=dev), cu - starts,
+                                  output_size=num_draft_tokens)
+    j = torch.arange(num_draft_tokens, device=dev) - starts[req]
     return req, j, cu - starts
 
 
@@ -77,6 +86,7 @@ def rejection_sample_ref(
     top_p: torch.Tensor,
     seeds: torch.Tensor,
     positions: torch.Tensor,
+    uniform_k: int | None = None,
 ) -> torch.Tensor:
     """The emitted tokens of each request, int64 [batch, max_k + 1], -1 after the run ends.
 
@@ -90,18 +100,25 @@ def rejection_sample_ref(
     Greedy rows accept while the draft equals the target's argmax, then emit the argmax. Sampling rows
     accept draft x with probability min(1, p(x)/q(x)); after a rejection they emit a token drawn from
     norm(max(0, p - q)); when all k_i pass, a bonus token drawn from p at the last row.
+
+    ``uniform_k``: every request has exactly that many drafts (the uniform verify step): nothing is
+    read back to the host and every shape is static, so the call compiles and captures.
     """
     batch = cu_num_draft_tokens.shape[0]
     D = draft_token_ids.shape[0]
     dev = target_logits.device
-    req, j, k = _request_index(cu_num_draft_tokens, D)
+    req, j, k = _request_index(cu_num_draft_tokens, D, uniform_k)
     # Target row of each draft token (request i's rows start at cu[i-1] + i) and each request's last row.
     draft_row = torch.arange(D, device=dev) + req
     bonus_row = cu_num_draft_tokens.long() + torch.arange(batch, device=dev)
-    row_req = torch.empty(D + batch, dtype=torch.long, device=dev)
-    row_req[draft_row], row_req[bonus_row] = req, torch.arange(batch, device=dev)
-    row_pos = torch.empty_like(row_req)
-    row_pos[draft_row], row_pos[bonus_row] = positions.long()[req] + j, positions.long() + k
+    if uniform_k is not None:  # rows in order, k + 1 per request: no scatter needed
+        row_req = torch.arange(batch, device=dev).repeat_interleave(uniform_k + 1)
+        row_pos = (positions.long()[:, None] + torch.arange(uniform_k + 1, device=dev)).reshape(-1)
+    else:
+        row_req = torch.empty(D + batch, dtype=torch.long, device=dev)
+        row_req[draft_row], row_req[bonus_row] = req, torch.arange(batch, device=dev)
+        row_pos = torch.empty_like(row_req)
+        row_pos[draft_row], row_pos[bonus_row] = positions.long()[req] + j, positions.long() + k
 
     scaled = scaled_logits(target_logits, temperatures[row_req], top_k[row_req], top_p[row_req])
     greedy_row = temperatures[row_req] <= 0
@@ -125,18 +142,34 @@ def rejection_sample_ref(
     # the target's own sample is the right fallback.
     recovered = torch.where(greedy | (residual.sum(-1) <= 0), plain[draft_row], recovered)
 
+    if uniform_k is not None:
+        return _uniform_runs(draft_token_ids, accepted, recovered, plain[bonus_row], uniform_k)
     max_k = int(k.max()) if batch else 0
     out = torch.full((batch, max_k + 1), -1, dtype=torch.long, device=dev)
     acc = torch.zeros(batch, max_k + 1, dtype=torch.bool, device=dev)  # a False sentinel after k_i
     acc[req, j] = accepted
     num_accepted = acc.long().cumprod(dim=1).sum(dim=1)
-    keep = j < num_accepted[req]
-    out[req[keep], j[keep]] = draft_token_ids[keep]
+    out[req, j] = torch.where(j < num_accepted[req], draft_token_ids, -1)
     rec = torch.full((batch, max_k + 1), 0, dtype=torch.long, device=dev)
     rec[req, j] = recovered
     final = torch.where(num_accepted < k, rec.gather(1, num_accepted[:, None])[:, 0], plain[bonus_row])
     out[torch.arange(batch, device=dev), num_accepted] = final
     return out
+
+
+def _uniform_runs(draft_token_ids: torch.Tensor, accepted: torch.Tensor, recovered: torch.Tensor,
+                  bonus: torch.Tensor, k: int) -> torch.Tensor:
+    """The emitted runs [batch, k + 1] when every request has k drafts, from elementwise ops alone
+    (the same runs as the scatter-based tail of :func:`rejection_sample_ref`; the compiled verify step
+    uses this form: no in-place index writes for the compiler to reorder)."""
+    batch = bonus.shape[0]
+    num_accepted = accepted.view(batch, k).long().cumprod(dim=1).sum(dim=1)[:, None]
+    cols = torch.arange(k + 1, device=bonus.device)[None, :]
+    drafts = torch.cat((draft_token_ids.view(batch, k), bonus.new_full((batch, 1), -1)), dim=1)
+    recovered = torch.cat((recovered.view(batch, k), bonus[:, None]), dim=1)
+    # after a rejection at j = num_accepted the recovered token; after all k, the bonus token
+    final = recovered.gather(1, num_accepted)
+    return torch.where(cols < num_accepted, drafts, torch.where(cols == num_accepted, final, -1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,23 +276,24 @@ def rejection_sample(
     top_p: torch.Tensor,
     seeds: torch.Tensor,
     positions: torch.Tensor,
+    uniform_k: int | None = None,
 ) -> torch.Tensor:
     """Triton version of :func:`rejection_sample_ref`: same arguments, shapes, dtypes and tokens.
 
     Temperature and top-k / top-p masking (a sort) run first in torch (:func:`scaled_logits`, shared
-    with the twin); the kernel does the per-request accept/reject walk in one program. Reads
-    ``cu_num_draft_tokens`` on the host once to size the output (the graph-mode verify step, with a
-    uniform k, is wave 2).
+    with the twin); the kernel does the per-request accept/reject walk in one program. Without
+    ``uniform_k`` it reads ``cu_num_draft_tokens`` on the host once to size the output; with it (the
+    uniform verify step of a CUDA graph) nothing is read back and the launch captures.
     """
     batch = cu_num_draft_tokens.shape[0]
     cu = cu_num_draft_tokens.long()
     k = cu - torch.cat([cu.new_zeros(1), cu[:-1]])
-    max_k = int(k.max()) if batch else 0
+    max_k = uniform_k if uniform_k is not None else (int(k.max()) if batch else 0)
     out = torch.full((batch, max_k + 1), -1, dtype=torch.long, device=target_logits.device)
     if batch == 0:
         return out
-    req, j, _ = _request_index(cu, draft_token_ids.shape[0])
-    row_req = torch.repeat_interleave(torch.arange(batch, device=cu.device), k + 1)
+    row_req = torch.repeat_interleave(torch.arange(batch, device=cu.device), k + 1,
+                                      output_size=draft_token_ids.shape[0] + batch)
     scaled = scaled_logits(target_logits, temperatures[row_req], top_k[row_req], top_p[row_req])
     scaled = scaled.contiguous()
     dp = draft_probs.float().contiguous() if draft_probs is not None else scaled

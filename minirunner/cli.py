@@ -7,11 +7,23 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
 from minirunner.llm import LLM
 from minirunner.sampling_params import SamplingParams
+
+
+def _json_dict(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e}); quote it for the shell, e.g. "
+                                         """'{"method": "ngram", "num_speculative_tokens": 3}'""") from e
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("give a JSON object, e.g. '{\"method\": \"ngram\", ...}'")
+    return value
 
 
 def _engine_options(p: argparse.ArgumentParser) -> None:
@@ -34,6 +46,10 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                         "torch.compile per batch bucket")
     p.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None, metavar="N",
                    help="the bucket ladder (default 1 2 4 8 then multiples of 8 up to --max-num-seqs)")
+    p.add_argument("--speculative-config", default=None, type=_json_dict, metavar="JSON",
+                   help='speculative decoding, vLLM\'s dict as JSON, e.g. \'{"method": "ngram", '
+                        '"num_speculative_tokens": 3}\' or \'{"method": "draft_model", '
+                        '"num_speculative_tokens": 3}\' (the embedded draft on the embedded model)')
     p.add_argument("--num-threads", default="auto",
                    help="CPU threads for torch: auto = one per core; 1 is faster on a machine "
                         "shared with other busy jobs")
@@ -45,6 +61,7 @@ def _llm_kwargs(args) -> dict:
                 max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                 enable_prefix_caching=args.enable_prefix_caching, attention_backend=args.attention_backend,
                 graph_mode=args.graph_mode, cudagraph_capture_sizes=args.cudagraph_capture_sizes,
+                speculative_config=args.speculative_config,
                 num_threads=args.num_threads if args.num_threads == "auto" else _int(args.num_threads))
 
 

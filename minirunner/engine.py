@@ -128,8 +128,9 @@ class LLMEngine:
         if config.graph_mode != "none":
             from minirunner.graphs import capture_sizes
 
-            self.runner.enable_graphs(config.graph_mode,
-                                      capture_sizes(config.max_num_seqs, config.cudagraph_capture_sizes))
+            self.runner.enable_graphs(
+                config.graph_mode, capture_sizes(config.max_num_seqs, config.cudagraph_capture_sizes),
+                0 if spec_config is None else spec_config.max_num_speculative_tokens)
         self.spec = None if spec_config is None else Speculator(spec_config, config,
                                                                 self.num_kv_blocks)
         self.requests: dict[str, Request] = {}  # every live completion, by its own id
@@ -300,7 +301,9 @@ class LLMEngine:
         t0 = time.perf_counter()
         self.kv.begin_step()
         if self.spec is not None:
-            self.spec.propose(self.scheduler.running, set(self.requests))
+            # A finished request's draft KV is freed now, not when its output is popped.
+            self.spec.propose(self.scheduler.running,
+                              {rid for rid, r in self.requests.items() if not r.is_finished})
         sched = self.scheduler.schedule()
         for request_id in sched.preempted:
             self.runner.free_request(request_id)

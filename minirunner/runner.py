@@ -165,10 +165,12 @@ class ModelRunner:
         self.last_logprobs: TokenLogprobs | None = None  # sampled rows, when any asked for logprobs
         self.last_prompt_logprobs: dict[str, tuple[int, TokenLogprobs]] = {}
 
-    def enable_graphs(self, mode: str, sizes: list[int]) -> DecodeGraphs:
+    def enable_graphs(self, mode: str, sizes: list[int], max_draft_tokens: int = 0) -> DecodeGraphs:
         """Run decode batches that fit a bucket of ``sizes`` as one compiled ("compile") or captured
-        ("cuda") step; under "cuda" every bucket's greedy step is captured now, largest first."""
-        self.graphs = DecodeGraphs(self, mode, sizes)
+        ("cuda") step; under "cuda" every bucket's greedy step is captured now, largest first.
+        ``max_draft_tokens`` > 0: uniform verify steps with up to that many drafts per request run as
+        buckets too (compiled or captured on first use)."""
+        self.graphs = DecodeGraphs(self, mode, sizes, max_draft_tokens)
         if mode == "cuda":
             self.graphs.capture(kind="greedy")
         return self.graphs
@@ -205,33 +207,36 @@ class ModelRunner:
         view.copy_(host[index], non_blocking=True)
         return view
 
-    def static_decode_meta(self, size: int) -> AttentionMetadata:
-        """The metadata a graph step of bucket ``size`` reads: views of the first ``size`` rows of the
-        static buffers (fixed storage), the block tables at their full width (a static shape)."""
-        meta = self._static_meta.get(size)
+    def static_meta(self, size: int, query_len: int = 1) -> AttentionMetadata:
+        """The metadata a graph step of bucket ``size`` reads: views of the first ``size`` rows (and
+        ``size * query_len`` token rows: 1 for decode, k + 1 for verify) of the static buffers (fixed
+        storage), the block tables at their full width (a static shape)."""
+        meta = self._static_meta.get((size, query_len))
         if meta is None:
             qsl, lens = self.query_start_loc[:size + 1], self.seq_lens[:size]
-            tables = self.block_tables[:size]
-            meta = self._static_meta[size] = AttentionMetadata(
-                positions=self.positions[:size], slot_mapping=self.slot_mapping[:size],
+            tables, n = self.block_tables[:size], size * query_len
+            meta = self._static_meta[(size, query_len)] = AttentionMetadata(
+                positions=self.positions[:n], slot_mapping=self.slot_mapping[:n],
                 query_start_loc=qsl, seq_lens=lens, block_tables=tables,
                 query_start_loc_cpu=self._host[qsl.data_ptr()][0][:size + 1],
                 seq_lens_cpu=self._host[lens.data_ptr()][0][:size],
-                max_query_len=1, max_seq_len=self.max_blocks_per_seq * self.block_size,
+                max_query_len=query_len, max_seq_len=self.max_blocks_per_seq * self.block_size,
                 block_size=self.block_size,
                 block_tables_cpu=self._host[tables.data_ptr()][0][:size])
         return meta
 
-    def write_padding_rows(self, start: int, end: int) -> None:
-        """Rows [start, end) of the decode buffers become padding rows: token 0 at position 0, slot -1
-        (the null block), seq_len 0, block-table row 0, greedy; query_start_loc[: end + 1] = 0..end."""
-        n = end - start
-        for buf, value in ((self.input_ids, 0), (self.positions, 0), (self.slot_mapping, -1),
-                           (self.seq_lens, 0), (self.temperatures, 0), (self.top_k, 0),
+    def write_padding_rows(self, start: int, end: int, query_len: int = 1) -> None:
+        """Rows [start, end) of the graph-step buffers become padding rows of ``query_len`` tokens each:
+        token 0 at position 0, slot -1 (the null block), seq_len 0, block-table row 0, greedy;
+        query_start_loc[: end + 1] = 0, q, 2q, ..."""
+        n, q = end - start, query_len
+        for buf, value in ((self.input_ids, 0), (self.positions, 0), (self.slot_mapping, -1)):
+            self._put_rows(buf, start * q, np.full(n * q, value))
+        for buf, value in ((self.seq_lens, 0), (self.temperatures, 0), (self.top_k, 0),
                            (self.top_p, 1), (self.seeds, 0), (self.sample_positions, 0)):
             self._put_rows(buf, start, np.full(n, value))
         self._put_rows(self.block_tables, start, np.zeros((n, self.max_blocks_per_seq), np.int32))
-        self._put(self.query_start_loc, np.arange(end + 1, dtype=np.int32))
+        self._put(self.query_start_loc, np.arange(end + 1, dtype=np.int32) * q)
 
     def _put_rows(self, buf: torch.Tensor, start: int, arr: np.ndarray) -> None:
         """Write a host array into rows [start, start + len(arr)) of a static buffer."""
@@ -247,12 +252,13 @@ class ModelRunner:
 
     # -- the five stages ------------------------------------------------------------------------
     def prepare_inputs(self, scheduled: list[ScheduledRequest], kv: KVCacheManager,
-                       bucket: int | None = None) -> StepInputs:
+                       bucket: int | None = None, query_len: int = 1) -> StepInputs:
         """Fill the step buffers from the scheduler's decisions (host work, numpy, no device sync).
 
-        ``bucket``: a decode-only batch padded to this many rows for a graph step: rows past the batch
-        become padding rows, block tables are written at their full width, and the sampling parameters
-        go to their static buffers; the returned metadata describes the padded batch."""
+        ``bucket``: a uniform batch (every request ``query_len`` tokens: 1 for decode, k + 1 for a
+        verify step) padded to this many rows for a graph step: rows past the batch become padding
+        rows, block tables are written at their full width, and the sampling parameters go to their
+        static buffers; the returned metadata describes the padded batch."""
         S = len(scheduled)
         state, B = self.state, self.block_size
         rows = np.empty(S, dtype=np.int64)
@@ -293,8 +299,8 @@ class ModelRunner:
         if bucket is None:
             self._put(self.block_tables, state.block_tables[rows, :-(-max_seq_len // B)])
         else:  # every request samples: the padded rows follow the batch's
-            ids, positions, slots, seq_lens, qsl, sample_positions = self._pad_decode(
-                ids, positions, slots, seq_lens, sample_positions, rows, bucket)
+            ids, positions, slots, seq_lens, qsl, sample_positions = self._pad_uniform(
+                ids, positions, slots, seq_lens, sample_positions, rows, bucket, query_len)
             S = bucket
         meta = AttentionMetadata(
             positions=self._put(self.positions, positions),
@@ -319,13 +325,14 @@ class ModelRunner:
             num_drafts=d,
         )
 
-    def _pad_decode(self, ids, positions, slots, seq_lens, sample_positions, rows: np.ndarray,
-                    bucket: int):
-        """Pad a decode batch's arrays to ``bucket`` rows and write the graph step's static buffers."""
+    def _pad_uniform(self, ids, positions, slots, seq_lens, sample_positions, rows: np.ndarray,
+                     bucket: int, query_len: int):
+        """Pad a uniform batch's arrays to ``bucket`` rows (of ``query_len`` tokens each) and write the
+        graph step's static buffers."""
         state, pad = self.state, bucket - len(rows)
 
-        def padded(arr, value):
-            return np.concatenate((arr, np.full(pad, value, dtype=arr.dtype)))
+        def padded(arr, value, per_row=1):
+            return np.concatenate((arr, np.full(pad * per_row, value, dtype=arr.dtype)))
 
         tables = np.zeros((bucket, self.max_blocks_per_seq), dtype=np.int32)
         tables[:len(rows)] = state.block_tables[rows]  # full width: a static shape for the step
@@ -334,18 +341,25 @@ class ModelRunner:
         self._put(self.top_k, padded(state.top_k[rows], 0))
         self._put(self.top_p, padded(state.top_p[rows], 1))
         self._put(self.seeds, padded(state.seed[rows], 0))
-        return (padded(ids, 0), padded(positions, 0), padded(slots, -1), padded(seq_lens, 0),
-                np.arange(bucket + 1, dtype=np.int32), padded(sample_positions, 0))
+        q = query_len
+        return (padded(ids, 0, q), padded(positions, 0, q), padded(slots, -1, q), padded(seq_lens, 0),
+                np.arange(bucket + 1, dtype=np.int32) * q, padded(sample_positions, 0))
 
-    def graph_bucket(self, scheduled: list[ScheduledRequest]) -> int | None:
-        """The bucket this step replays, or None (eager): only decode-only steps in which every request
-        samples (one new token each), whose batch fits a bucket, and whose sampling needs nothing the
-        replay lacks (logit bias, min_tokens suppression, penalties, min_p and prompt logprobs are
-        applied on the host's per-request state: such steps run eager)."""
-        if self.graphs is None or not all(s.num_new_tokens == 1 and s.samples and _graph_ready(s.request)
-                                          for s in scheduled):
+    def graph_bucket(self, scheduled: list[ScheduledRequest]) -> tuple[int, int] | None:
+        """(bucket, query_len) of the step this batch replays, or None (eager). Decode (query_len 1):
+        every request samples one new token. Verify (query_len k + 1): every request scores its last
+        known token and exactly k drafts, k the same for all. Either way the batch must fit a bucket,
+        and its sampling need nothing the replay lacks (logit bias, min_tokens suppression, penalties,
+        min_p and prompt logprobs are applied on the host's per-request state: such steps run eager)."""
+        if self.graphs is None or not scheduled or not all(s.samples and _graph_ready(s.request)
+                                                           for s in scheduled):
             return None
-        return self.graphs.bucket(len(scheduled))
+        k = len(scheduled[0].draft_token_ids)
+        if not all(s.num_new_tokens == k + 1 and len(s.draft_token_ids) == k for s in scheduled):
+            return None
+        size = self.graphs.bucket(len(scheduled)) if k == 0 else \
+            self.graphs.verify_bucket(len(scheduled), k)
+        return None if size is None else (size, k + 1)
 
     def sampler_kind(self, rows: np.ndarray) -> str:
         """Which compiled sampler a graph step of these state rows needs: greedy, sample or filter."""
@@ -392,8 +406,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward_logits(self, scheduled: list[ScheduledRequest], kv: KVCacheManager) -> torch.Tensor | None:
-        """prepare_inputs -> run_model -> compute_logits with no sampling (eager): the fp32 logits of
-        the rows that sample, or None. The draft proposer samples its tokens itself."""
+        """prepare_inputs -> run_model -> compute_logits with no sampling: the fp32 logits of the rows
+        that sample, or None. The draft proposer samples its tokens itself. A decode batch that fits a
+        bucket replays its greedy graph step (its argmax is not used)."""
+        graph = self.graph_bucket(scheduled)
+        if graph is not None and graph[1] == 1:
+            self.prepare_inputs(scheduled, kv, graph[0])
+            _, logits = self.graphs.run(graph[0], "greedy")
+            self.last_step = StepGraphInfo(self.graphs.mode, graph[0], graph[0] - len(scheduled))
+            return logits[:len(scheduled)].clone()
+        self.last_step = StepGraphInfo()
         inputs = self.prepare_inputs(scheduled, kv)
         hidden = self.run_model(inputs)
         return self.compute_logits(hidden, inputs) if len(inputs.sample_rows) else None
@@ -405,8 +427,11 @@ class ModelRunner:
         each, or the accepted run of a speculative request; their fp32 logits [rows, vocab] (raw: before
         penalties, bias and temperature) or None). draft_probs: fp32 [num_draft_tokens, vocab], the
         draft model's q of every draft token in order, or None (no drafts, or one-hot n-gram drafts)."""
-        bucket = self.graph_bucket(scheduled)
-        inputs = self.prepare_inputs(scheduled, kv, bucket)
+        graph = self.graph_bucket(scheduled)
+        bucket, query_len = graph if graph is not None else (None, 1)
+        inputs = self.prepare_inputs(scheduled, kv, bucket, query_len)
+        if bucket is not None and query_len > 1:
+            return self._replay_verify(bucket, query_len, inputs, draft_probs)
         if bucket is not None:
             n = len(scheduled)
             tokens, logits = self.graphs.run(bucket, self.sampler_kind(inputs.sample_rows))
@@ -423,11 +448,27 @@ class ModelRunner:
             return [], None
         logits = self.compute_logits(hidden, inputs)
         if len(inputs.draft_token_ids):
+            self.last_logprobs = None
             return verify_drafts(self, logits, inputs, draft_probs), logits
         tokens = self.sample(logits, inputs)
         self.logits_processors.record(tokens)
         self._score_logprobs(logits, tokens, inputs)
         return [[t] for t in self.postprocess(tokens)], logits
+
+    def _replay_verify(self, bucket: int, query_len: int, inputs: StepInputs,
+                       draft_probs: torch.Tensor | None) -> tuple[list[list[int]], torch.Tensor]:
+        """A uniform verify step as one replay: the drafts' q goes to the static buffer, the graph runs
+        the target over every row's k + 1 tokens and the rejection sampler, and the emitted runs come
+        back in the step's one device-to-host copy (as a decode step's tokens do)."""
+        n, k = len(inputs.sample_requests), query_len - 1
+        if draft_probs is not None:
+            self.graphs.draft_probs_buffer()[:n * k].copy_(draft_probs)
+        kind = "verify" if draft_probs is not None else "verify_onehot"
+        runs, logits = self.graphs.run(bucket, kind, query_len)
+        self.last_step = StepGraphInfo(self.graphs.mode, bucket, bucket - n)
+        self.last_prompt_logprobs, self.last_logprobs = {}, None
+        logits = logits[:n * query_len].clone()  # the next replay overwrites its outputs
+        return [[t for t in row if t >= 0] for row in self.postprocess(runs[:n])], logits
 
     def _score_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, inputs: StepInputs) -> None:
         k = max((r.params.logprobs for r in inputs.sample_requests if r.params.logprobs is not None),

@@ -3,8 +3,9 @@
 # micro-benchmark, the serving benchmark (nano-vllm's workload on a Qwen3-0.6B-shaped random model,
 # and transformers generate on a sample) and the graph benchmark (eager vs CUDA-graph decode tok/s at
 # batch 1, 8, 64 on the same model shape, the HBM-roofline fraction at batch 1, graph vs eager greedy
-# agreement, a replay under sync-debug "error"), with a JSON report in $OUT (or a fresh temporary
-# folder, printed, when OUT is unset). The graph block is written, not yet run on a GPU.
+# agreement, a replay under sync-debug "error") and speculative decoding at batch 1 under CUDA graphs
+# (benchmarks/spec_decode.py, draft model vs plain), with a JSON report in $OUT (or a fresh temporary
+# folder, printed, when OUT is unset). The graph and speculative blocks are written, not yet run on a GPU.
 #   scripts/gpu_check.sh            on a CUDA machine
 #   scripts/gpu_check.sh --dry-run  on any machine: imports, collection and the benchmark script on
 #                                   tiny CPU shapes (Triton interpreter), to catch mistakes early
@@ -80,6 +81,10 @@ if [ "$DRY" = 1 ]; then
     timeout 120 "$PY" benchmarks/gpu_graphs.py --dry-run --out "$REPORT_DIR/graphs.json" \
         >"$REPORT_DIR/graphs.log" 2>&1
     GRAPH_RC=$?
+    timeout 120 "$PY" benchmarks/spec_decode.py --device cpu --repeats 1 --num-requests 1 \
+        --max-tokens 8 --workloads text --methods ngram --out "$REPORT_DIR/spec.json" \
+        >"$REPORT_DIR/spec.log" 2>&1
+    SPEC_RC=$?
 else
     timeout 170 "$PY" -m pytest "${PYTEST_ARGS[@]}" "${TEST_FILES[@]}" \
         >"$REPORT_DIR/gpu_tests.log" 2>&1
@@ -93,17 +98,23 @@ else
     timeout 120 "$PY" benchmarks/gpu_graphs.py --out "$REPORT_DIR/graphs.json" \
         >"$REPORT_DIR/graphs.log" 2>&1
     GRAPH_RC=$?
+    # speculative decoding at batch 1 under CUDA graphs (draft model, the embedded pair) vs plain
+    timeout 90 "$PY" benchmarks/spec_decode.py --device cuda --graph-mode cuda --repeats 1 \
+        --num-requests 2 --max-tokens 48 --workloads text --methods draft_model \
+        --out "$REPORT_DIR/spec.json" >"$REPORT_DIR/spec.log" 2>&1
+    SPEC_RC=$?
 fi
 tail -n 25 "$REPORT_DIR/gpu_tests.log"
 tail -n 5 "$REPORT_DIR/kernel_bench.log"
 tail -n 3 "$REPORT_DIR/serving.log"
 tail -n 6 "$REPORT_DIR/graphs.log"
+grep -- "^->" "$REPORT_DIR/spec.log"
 
-"$PY" - "$REPORT_DIR" "$TEST_RC" "$BENCH_RC" "$DRY" "$(( $(date +%s) - T0 ))" "$SERVE_RC" "$GRAPH_RC" <<'PYEOF'
+"$PY" - "$REPORT_DIR" "$TEST_RC" "$BENCH_RC" "$DRY" "$(( $(date +%s) - T0 ))" "$SERVE_RC" "$GRAPH_RC" "$SPEC_RC" <<'PYEOF'
 import json, sys
 from pathlib import Path
 out, test_rc, bench_rc, dry, wall = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5])
-serve_rc, graph_rc = int(sys.argv[6]), int(sys.argv[7])
+serve_rc, graph_rc, spec_rc = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
 def load(name):
     p = out / name
     try:
@@ -120,16 +131,19 @@ report = {
     "kernel_bench": {"rc": bench_rc, "timed_out": bench_rc == 124, **load("kernel_bench.json")},
     "serving": {"rc": serve_rc, "timed_out": serve_rc == 124, **load("serving.json")},
     "graphs": {"rc": graph_rc, "timed_out": graph_rc == 124, **load("graphs.json")},
+    "spec_decode": {"rc": spec_rc, "timed_out": spec_rc == 124, **load("spec.json")},
     "flashinfer": ("available " + env["flashinfer"]) if not str(env.get("flashinfer", "")).startswith("unavailable")
                   else "unavailable on this machine (import flashinfer failed); FlashInfer tests skipped",
     "wall_s": wall,
 }
 (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
 print(f"gpu_check: tests rc={test_rc}, bench rc={bench_rc}, serving rc={serve_rc}, graphs rc={graph_rc}, "
+      f"spec rc={spec_rc}, "
       f"{wall} s -> "
       f"{out / 'gpu_check.json'}")
 PYEOF
-if [ "$TEST_RC" -ne 0 ] || [ "$BENCH_RC" -ne 0 ] || [ "$SERVE_RC" -ne 0 ] || [ "$GRAPH_RC" -ne 0 ]; then
+if [ "$TEST_RC" -ne 0 ] || [ "$BENCH_RC" -ne 0 ] || [ "$SERVE_RC" -ne 0 ] || [ "$GRAPH_RC" -ne 0 ] \
+    || [ "$SPEC_RC" -ne 0 ]; then
     exit 1
 fi
 exit 0

@@ -82,3 +82,52 @@ def test_bench_cli_report(model_dir, tmp_path):
     assert hf["peak_concurrent_seqs"] == 4
     ratio = report["ratios"]["minirunner (contiguous)"]
     assert ratio["peak_concurrent_seqs"] == pytest.approx(paged["peak_concurrent_seqs"] / 3)
+
+
+def test_text_workloads_encode_the_passages_and_need_a_tokenizer():
+    from minirunner import LLM
+    from minirunner.bench.workloads import REPETITIVE_PROMPTS
+
+    tok = LLM().get_tokenizer()
+    w = make_workload("repetitive", 6, 1024, 256, output_len=(20, 20), tokenizer=tok)
+    assert w.prompts[0] == list(tok.encode(REPETITIVE_PROMPTS[0])) and w.prompts[4] == w.prompts[0]
+    assert w.max_tokens == [20] * 6
+    with pytest.raises(ValueError, match="tokenizer"):
+        make_workload("text", 2, 1024, 256)
+
+
+def test_bench_speculative_side_by_side():
+    """A speculative run beside plain decoding, transformers generate and transformers' assisted
+    generation (its n-gram prompt lookup), on the embedded model and the repetitive text workload."""
+    from minirunner.bench import format_table, run_bench
+
+    report = run_bench(workload="repetitive", num_requests=2, output_len=(16, 16), max_num_seqs=1,
+                       device="cpu", hf_batch_size=1,
+                       speculative_config={"method": "ngram", "num_speculative_tokens": 2},
+                       compare=["plain", "transformers", "transformers_assisted"])
+    spec, plain, hf, assisted = report["results"]
+    assert [r["label"].split(" (")[0] for r in report["results"]] == [
+        "minirunner", "minirunner", "transformers generate", "transformers assisted generate"]
+    for r in report["results"]:
+        assert r["output_tokens"] == 32 and r["output_tok_per_s"] > 0
+        assert r["peak_concurrent_seqs"] == 1
+    s = spec["speculative"]
+    assert s["num_draft_tokens"] > 0 and 0 <= s["alpha"] <= 1 and 1 <= s["mean_accepted_length"] <= 3
+    assert plain["speculative"] is None and plain["settings"]["speculative_config"] is None
+    assert assisted["settings"]["prompt_lookup_num_tokens"] == 2
+    assert set(report["ratios"]) == {plain["label"], hf["label"], assisted["label"]}
+    ratio = report["ratios"][plain["label"]]["output_tok_per_s"]
+    assert ratio == pytest.approx(spec["output_tok_per_s"] / plain["output_tok_per_s"])
+    speedup = report["transformers_assisted_speedup"]["output_tok_per_s"]
+    assert speedup == pytest.approx(assisted["output_tok_per_s"] / hf["output_tok_per_s"])
+    assert "acceptance alpha" in format_table(report)
+
+
+def test_bench_plain_compare_needs_a_speculative_run():
+    proc = subprocess.run([sys.executable, "-m", "minirunner", "bench", "--compare", "plain",
+                           "--num-requests", "1", "--no-progress"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "--speculative-config" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "minirunner", "bench", "--speculative-config", "{k: 3}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "not valid JSON" in proc.stderr

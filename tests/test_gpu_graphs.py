@@ -1,6 +1,7 @@
 """CUDA-graph decode on a GPU: greedy tokens of graph_mode="cuda" equal eager ones on the torch, triton and
 (when installed) flashinfer backends for batches on and between rungs, and a replay never syncs with the
-host. Skipped without CUDA. Written with the CPU tests' shapes; not yet run on a GPU.
+host; the speculative verify step captured as a bucket gives plain greedy output. Skipped without CUDA.
+Written with the CPU tests' shapes; not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -64,11 +65,42 @@ def test_replay_does_not_sync_with_the_host(model_dir, backend):
     engine.step()  # prefills (eager)
     engine.step()  # a graph step: captures the "filter" sampler of bucket 4 lazily, outside the check
     assert engine.trace[-1].graph == "cuda"
+    _replay_without_host_sync(runner.graphs._graphs[(4, "filter", 1)][0])
+
+
+def _replay_without_host_sync(graph) -> None:
+    """Replay a captured step with CUDA's sync debug mode set to raise on any host synchronisation."""
     torch.cuda.synchronize()
-    graph, _ = runner.graphs._graphs[(4, "filter")]
     torch.cuda.set_sync_debug_mode("error")
     try:
         graph.replay()
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+
+
+VERIFY_BACKENDS = ["torch", "triton"]  # flashinfer: verify steps stay eager (no capturable plan)
+
+
+@pytest.mark.parametrize("backend", VERIFY_BACKENDS)
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_captured_verify_step_equals_eager_and_does_not_sync(model_dir, backend, method):
+    """Speculative decoding with graph_mode="cuda": the uniform verify step (k + 1 queries per request,
+    rejection sampler inside) replays a captured bucket, greedy output equals plain eager greedy, and
+    the replay itself never syncs with the host."""
+    spec = {"method": method, "num_speculative_tokens": 2}
+    if method == "draft_model":
+        spec["model"] = model_dir  # the target as its own draft: every draft accepted (bonus path)
+    plain = _llm(model_dir, backend, "none")
+    graphs = LLM(model_dir, dtype="bfloat16", device="cuda", attention_backend=backend, block_size=16,
+                 num_kv_blocks=96, max_num_seqs=4, cudagraph_capture_sizes=[1, 2, 4],
+                 graph_mode="cuda", speculative_config=spec)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompts = [p * 3 for p in _prompts(3, seed=7)]  # repeated phrases: n-gram drafts
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+    graphs.clear_step_trace()
+    assert [o.outputs[0].token_ids for o in graphs.generate(prompts, params, use_tqdm=False)] == want
+    replays = [t for t in graphs.get_step_trace() if t["graph"] == "cuda" and t["num_draft_tokens"]]
+    assert replays, "no verify step replayed a captured bucket"
+    key = next(k for k in graphs.engine.runner.graphs._graphs if k[2] > 1)
+    _replay_without_host_sync(graphs.engine.runner.graphs._graphs[key][0])

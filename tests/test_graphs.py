@@ -101,7 +101,7 @@ def test_compile_greedy_tokens_equal_eager_on_and_between_rungs(eager, compiled)
         cached += sum(o.metrics.num_cached_prompt_tokens for o in outs)
     assert preempted > 0, "the workload was meant to preempt"
     assert cached > 0, "the shared prefix was meant to hit the prefix cache"
-    assert {k for k, _ in compiled.engine.runner.graphs._steps} <= set(LADDER)  # one per bucket
+    assert {k for k, _, _ in compiled.engine.runner.graphs._steps} <= set(LADDER)  # one per bucket
 
 
 def test_trace_fields_say_how_each_step_ran(model_dir, compiled):
@@ -130,7 +130,7 @@ def test_sampling_with_filters_runs_inside_the_compiled_step(eager, compiled):
     got = [o.outputs[0].token_ids for o in compiled.generate(prompts, params, use_tqdm=False)]
     assert got == want
     assert any(t["graph"] == "compile" for t in compiled.get_step_trace())
-    assert (8, "filter") in compiled.engine.runner.graphs._steps
+    assert (8, "filter", 1) in compiled.engine.runner.graphs._steps
 
 
 # -- padding rows ----------------------------------------------------------------------------------

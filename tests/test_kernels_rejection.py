@@ -60,6 +60,24 @@ def test_kernel_equals_twin(vocab, one_hot):
     assert torch.all(want[:, :1] >= 0)
 
 
+@pytest.mark.parametrize("one_hot", [False, True], ids=["draft_probs", "ngram_one_hot"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_uniform_k_path_gives_the_general_paths_runs(k, one_hot):
+    """The graph-mode verify step's form (uniform_k: static indices, no host read) emits the runs of the
+    general path, greedy and sampling rows mixed (tests/test_spec_graphs.py runs it compiled)."""
+    B = 8
+    args = _batch([k] * B, 97, seed=k, temps=[0, 1, .7, 0, 1.3, .9, 0, 1],
+                  top_k=[-1, -1, 5, -1, -1, 10, -1, -1], top_p=[1, .9, 1, 1, 1, .8, 1, 1])
+    if one_hot:
+        args["draft_probs"] = None
+    want = rejection_sample_ref(**args)
+    assert torch.equal(rejection_sample_ref(**args, uniform_k=k), want)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        assert torch.equal(rejection_sample(**args, uniform_k=k), want)
+    assert ((want >= 0).sum(1) >= 1).all() and (want[:, 0] >= 0).all()
+    assert len(set((want >= 0).sum(1).tolist())) > 1  # some rows accept more than others
+
+
 def test_no_drafts_is_plain_sampling():
     """With k = 0 every request emits exactly the token plain sampling draws at that position."""
     args = _batch([0] * 12, 200, seed=3, temps=[0, 1, .7, 1.3] * 3, top_k=[-1, 5, -1, 20] * 3,

@@ -203,6 +203,22 @@ def test_per_request_and_engine_metrics_agree_with_the_trace(pair):
             assert 0 <= accepted <= k <= 3
 
 
+def test_finished_requests_free_their_draft_kv_before_their_output_is_taken(pair):
+    """Requests queued behind a small max_num_seqs keep getting drafts: a finished request's draft blocks
+    return to the draft pool at the next step, whether or not its output has been popped yet."""
+    llm = LLM(pair["target"], device="cpu", attention_backend="torch", block_size=4, num_kv_blocks=24,
+              max_num_seqs=1, speculative_config=_spec(pair, "draft_model", 2))
+    engine, draft = llm.engine, llm.engine.spec.proposer
+    ids = [engine.add_request(p, GREEDY) for p in _prompts(4)]
+    while engine.has_unfinished_requests():
+        engine.step()
+        live = {r.request_id for r in engine.scheduler.running}
+        assert set(draft.seqs) <= live | {t for t in engine.trace[-1].finished_ids}
+    drafted = {rid for t in engine.trace for rid in t.spec_runs}
+    assert drafted == set(ids), "a request queued behind the others never got drafts"
+    assert all(engine.pop_finished(i).outputs[0].token_ids for i in ids)
+
+
 def test_batch_size_table_turns_speculation_off_for_large_batches(pair, plain_outputs):
     llm = LLM(pair["target"], device="cpu", attention_backend="torch", speculative_config=_spec(
         pair, "draft_model", 4,

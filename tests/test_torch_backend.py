@@ -27,12 +27,14 @@ CASES = [  # (seq_lens, query_lens)
     ([9, 32, 3], [9, 32, 3]),  # prefill from empty
     ([20, 48, 5], [4, 15, 5]),  # extend after a cached prefix (chunked prefill / prefix hits)
     ([20, 1, 37, 64, 2], [4, 1, 1, 30, 2]),  # mixed: decode rows beside prefill chunks
+    ([21, 4, 40, 17], [4, 4, 4, 4]),  # uniform: a speculative verify step (k + 1 = 4 queries each)
 ]
 
 
 @pytest.mark.parametrize("heads", [(4, 4), (8, 2), (8, 1), (6, 3)], ids=lambda h: f"gqa{h[0]}:{h[1]}")
 @pytest.mark.parametrize("block_size", [1, 16, 7])
-@pytest.mark.parametrize("case", CASES, ids=["decode", "decode_pad", "prefill", "extend", "mixed"])
+@pytest.mark.parametrize("case", CASES, ids=["decode", "decode_pad", "prefill", "extend", "mixed",
+                                                "uniform_verify"])
 def test_forward_matches_ref(case, block_size, heads):
     seq_lens, query_lens = case
     hq, hkv = heads

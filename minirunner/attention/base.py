@@ -21,6 +21,8 @@ class AttentionBackend:
     name: str = "base"
     # Whether plan_static exists: a decode step this backend runs can be compiled or captured.
     supports_graphs: bool = False
+    # Whether plan_static also takes a uniform verify step (every sequence k + 1 query tokens).
+    supports_verify_graphs: bool = False
 
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                  block_size: int, device: torch.device, dtype: torch.dtype):
@@ -36,7 +38,8 @@ class AttentionBackend:
         """Per-step preparation shared by all layers (FlashInfer's plan()). Default: nothing."""
 
     def plan_static(self, meta: AttentionMetadata) -> None:
-        """The plan of a graph step (a decode batch padded to a bucket, block tables at full width):
+        """The plan of a graph step (a decode batch padded to a bucket, block tables at full width; with
+        ``supports_verify_graphs``, also a uniform verify step of ``meta.max_query_len`` queries per row):
         device tensor ops only, reading no host copy and no value that varies by step on the host side,
         so it runs inside the compiled or captured region. Default: not capturable."""
         raise NotImplementedError(f"attention backend {self.name!r} cannot run a graph step")

@@ -122,8 +122,10 @@ class _DecodeGroup:
 class _PrefillGroup:
     """Sequences with several query tokens, padded to max_q: where each token goes and its mask."""
 
-    token_rows: torch.Tensor  # int64 [n_tokens] rows of q
-    padded_rows: torch.Tensor  # int64 [n_tokens] rows of the [n_seqs * max_q] padded layout
+    # int64 [n_tokens]: rows of q, and of the [n_seqs * max_q] padded layout; both None when every
+    # sequence has max_q queries (a verify step): q is already that layout, nothing is moved
+    token_rows: torch.Tensor | None
+    padded_rows: torch.Tensor | None
     num_seqs: int
     max_q: int
     k_rows: torch.Tensor
@@ -133,11 +135,14 @@ class _PrefillGroup:
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
     supports_graphs = True
+    supports_verify_graphs = True
 
     # Decode sequences of very different lengths are split into up to this many groups by length, each
-    # padded to its own longest, when that cuts the padded K/V gathered by a quarter or more.
-    MAX_DECODE_GROUPS = 4
-    MIN_GROUP_SIZE = 16
+    # padded to its own longest, when that cuts the padded K/V gathered by a quarter or more. A group
+    # costs about eight more operators per layer; from six sequences up, the gather it saves on
+    # ShareGPT-like lengths outweighs them on the embedded model.
+    MAX_DECODE_GROUPS = 6
+    MIN_GROUP_SIZE = 6
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -173,18 +178,31 @@ class TorchAttentionBackend(AttentionBackend):
             self._prefill = self._plan_prefill(meta, pre, qsl, seq_lens)
 
     def plan_static(self, meta: AttentionMetadata) -> None:
-        """The capturable plan of a graph step: one decode group over the block tables' full width,
-        key mask from seq_lens, all device ops on the step's static buffers (no host copy read), so
-        the step traces with the same shapes every time for a bucket. Costs gathering max_model_len
-        keys per row (the price of a static shape for this backend; the triton and flashinfer kernels
-        read seq_lens and stop early)."""
-        lens = meta.seq_lens
+        """The capturable plan of a graph step: block tables at their full width, masks from seq_lens,
+        all device ops on the step's static buffers (no host copy read), so the step traces with the
+        same shapes every time for a bucket. A decode step is one decode group; a uniform verify step
+        (every sequence ``meta.max_query_len`` = k + 1 queries, its last known token and k drafts) is
+        one prefill group with no padding. Costs gathering max_model_len keys per row (the price of a
+        static shape for this backend; the triton and flashinfer kernels read seq_lens and stop
+        early)."""
+        lens, q_len = meta.seq_lens, meta.max_query_len
         key_pos = torch.arange(meta.block_tables.shape[1] * self.block_size, device=lens.device)
-        key_mask = (key_pos[None, :] < lens.clamp(min=1)[:, None])[:, None, None, :]
-        row_valid = (lens > 0).to(self.dtype)[:, None, None]
-        self._decode = [_DecodeGroup(None, None, gather_rows(meta.block_tables, self.block_size),
-                                     key_mask, row_valid)]
+        rows = gather_rows(meta.block_tables, self.block_size)
         self._prefill, self._store_rows = None, None
+        if q_len == 1:
+            key_mask = (key_pos[None, :] < lens.clamp(min=1)[:, None])[:, None, None, :]
+            row_valid = (lens > 0).to(self.dtype)[:, None, None]
+            self._decode = [_DecodeGroup(None, None, rows, key_mask, row_valid)]
+            return
+        n = lens.shape[0]
+        # Query i of a sequence sits at position seq_len - q_len + i; a padding row (seq_len 0) sees key
+        # 0 only, so its softmax stays finite (its output is never read).
+        q_pos = ((lens[:, None] - q_len) + torch.arange(q_len, device=lens.device)[None, :]).clamp(min=0)
+        allowed = key_pos[None, None, :] <= q_pos[:, :, None]
+        group = self.num_q_heads // self.num_kv_heads
+        mask = allowed.repeat_interleave(group, dim=1)[:, None]  # row i * G + g
+        self._decode = []
+        self._prefill = _PrefillGroup(None, None, n, q_len, rows, mask)
 
     def _columns(self, max_len: int) -> int:
         return max(1, -(-int(max_len) // self.block_size))
@@ -227,6 +245,7 @@ class TorchAttentionBackend(AttentionBackend):
         dev = meta.seq_lens.device
         starts, qlens, lens = qsl[idx], qsl[idx + 1] - qsl[idx], seq_lens[idx]
         max_q, n = int(qlens.max()), len(idx)
+        uniform = n == len(qsl) - 1 and (qlens == max_q).all()  # every sequence, max_q queries each
         local = np.arange(int(qlens.sum())) - np.repeat(np.cumsum(qlens) - qlens, qlens)
         owner = np.repeat(np.arange(n), qlens)
         token_rows = np.repeat(starts, qlens) + local
@@ -238,8 +257,10 @@ class TorchAttentionBackend(AttentionBackend):
         group = self.num_q_heads // self.num_kv_heads
         mask = np.repeat(allowed, group, axis=1)[:, None]  # row i * G + g
         tables = meta.block_tables[torch.from_numpy(idx).to(dev), :nb]
-        return _PrefillGroup(torch.from_numpy(token_rows).to(dev), torch.from_numpy(padded_rows).to(dev),
-                             n, max_q, gather_rows(tables, self.block_size), torch.from_numpy(mask).to(dev))
+        rows = (None, None) if uniform else (torch.from_numpy(token_rows).to(dev),
+                                             torch.from_numpy(padded_rows).to(dev))
+        return _PrefillGroup(*rows, n, max_q, gather_rows(tables, self.block_size),
+                             torch.from_numpy(mask).to(dev))
 
     # -- per layer --------------------------------------------------------------------------------
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
@@ -251,6 +272,10 @@ class TorchAttentionBackend(AttentionBackend):
         if len(dec) == 1 and dec[0].token_rows is None:
             g = dec[0]
             return paged_decode_vectorized(q, kv_cache, g.k_rows, g.key_mask, g.row_valid, self.scale)
+        if pre is not None and pre.token_rows is None:  # uniform queries, in order (no decode rows)
+            o = paged_prefill_vectorized(q.view(pre.num_seqs, pre.max_q, *q.shape[1:]), kv_cache,
+                                         pre.k_rows, pre.mask, self.scale)
+            return o.reshape(q.shape)
         out = torch.zeros_like(q)
         for g in dec:
             out[g.token_rows] = paged_decode_vectorized(

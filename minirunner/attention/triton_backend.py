@@ -28,6 +28,7 @@ from minirunner.attention.metadata import AttentionMetadata
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     supports_graphs = True
+    supports_verify_graphs = True  # paged_prefill's grid and reads come from shapes and device tensors
 
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                  block_size: int, device: torch.device, dtype: torch.dtype):
@@ -43,7 +44,11 @@ class TritonAttentionBackend(AttentionBackend):
         self._graph_step = None  # an eager step: paged_decode picks its splits and allocates
 
     def prepare_replay(self, meta: AttentionMetadata, size: int) -> None:
-        """Select (allocating once, before any capture) bucket ``size``'s workspace."""
+        """Select (allocating once, before any capture) bucket ``size``'s workspace. A verify step
+        (k + 1 queries per row) runs paged_prefill, which needs none."""
+        if not meta.is_decode_only:
+            self._graph_step = (1, ())
+            return
         if size not in self._workspaces:
             width = meta.block_tables.shape[1] * self.block_size
             splits = _default_num_splits(size * self.num_kv_heads, width, torch.device(self.device))

@@ -17,7 +17,10 @@ from minirunner.bench.run import BenchResult, run_minirunner, run_transformers
 from minirunner.bench.workloads import WORKLOADS, Workload, make_workload
 from minirunner.llm import LLM
 
-COMPARE = ("transformers", "contiguous", "contiguous_exact")
+# plain / transformers_assisted: for a speculative run (speculative_config given), the same runner
+# without speculation, and transformers' assisted generation (the same draft model, or its n-gram prompt
+# lookup) at batch size 1.
+COMPARE = ("transformers", "contiguous", "contiguous_exact", "plain", "transformers_assisted")
 # torch's thread count before any LLM sets its own: the transformers baseline also runs with it.
 _DEFAULT_THREADS = torch.get_num_threads()
 
@@ -38,30 +41,58 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
     """Run ``workload`` through minirunner (``llm_kwargs`` go to ``LLM``), then each ``compare`` entry on
     the same prompts: ``transformers`` (``generate`` in static batches of ``hf_batch_size``),
     ``contiguous`` / ``contiguous_exact`` (the same runner reserving max_model_len / prompt + max_tokens
-    per request in a KV cache of the same size). Returns plain data: settings, results, ratios."""
+    per request in a KV cache of the same size); with ``speculative_config``: ``plain`` (the same runner
+    without speculation) and ``transformers_assisted`` (assisted generation on the same draft or n-gram
+    lookup, batch size 1). Returns plain data: settings, results, ratios (the first run over each other;
+    with both transformers runs, also assisted over plain generate)."""
     for c in compare:
         if c not in COMPARE:
             raise ValueError(f"unknown --compare {c!r}; choose from {list(COMPARE)}")
+    spec = llm_kwargs.get("speculative_config")
+    if spec is None and {"plain", "transformers_assisted"} & set(compare):
+        raise ValueError("--compare plain / transformers_assisted compare a speculative run: give "
+                         "--speculative-config too")
     if llm_kwargs.get("kv_layout", "paged") != "paged" and any(c.startswith("contig") for c in compare):
         raise ValueError("compare with a contiguous layout from the paged one (kv_layout='paged')")
     llm = LLM(model, **llm_kwargs)
     cfg, mc = llm.engine.config, llm.engine.model_config
     wl = make_workload(workload, num_requests, mc.vocab_size, cfg.max_model_len, seed, input_len,
-                       output_len)
+                       output_len, tokenizer=llm.get_tokenizer())
     warm = make_workload("fixed", 2, mc.vocab_size, cfg.max_model_len, seed, (8, 8), (4, 4))
+    if cfg.graph_mode == "compile":
+        # every bucket (and verify k) the run uses compiles on first use, for seconds each: run the
+        # workload once untimed first so that the timed run replays compiled steps only
+        warm = wl
     run_minirunner(llm, warm)
-    results = [run_minirunner(llm, wl, f"minirunner ({cfg.kv_layout})", use_tqdm)]
+    label = f"minirunner ({cfg.kv_layout}" + (f", {llm.engine.spec.config.method} k="
+                                               f"{llm.engine.spec.config.num_speculative_tokens})"
+                                               if spec is not None else ")")
+    results = [run_minirunner(llm, wl, label, use_tqdm)]
+    threads = tuple(sorted({1, _DEFAULT_THREADS}))
     for c in compare:
         if c == "transformers":
             results.append(run_transformers(cfg.model, wl, hf_batch_size, cfg.dtype, cfg.device,
                                             f"transformers generate (static batches of {hf_batch_size})",
-                                            threads=tuple(sorted({1, _DEFAULT_THREADS}))))
+                                            threads=threads))
+        elif c == "transformers_assisted":
+            sc = llm.engine.spec.config
+            draft = sc.model if sc.method == "draft_model" else None
+            lookup = sc.num_speculative_tokens if sc.method == "ngram" else None
+            how = "draft model" if draft else f"prompt lookup, {lookup} tokens"
+            results.append(run_transformers(cfg.model, wl, 1, cfg.dtype, cfg.device,
+                                            f"transformers assisted generate ({how}, batch 1)",
+                                            threads=threads, assistant_dir=draft,
+                                            prompt_lookup_num_tokens=lookup))
         else:
-            kw = dict(llm_kwargs, kv_layout=c, num_kv_blocks=llm.engine.num_kv_blocks)
+            layout = "paged" if c == "plain" else c
+            kw = dict(llm_kwargs, kv_layout=layout, num_kv_blocks=llm.engine.num_kv_blocks)
+            if c == "plain":
+                kw.pop("speculative_config")
             kw.pop("kv_cache_memory_bytes", None)
             other = LLM(model, **kw)
             run_minirunner(other, warm)
-            results.append(run_minirunner(other, wl, f"minirunner ({c})", use_tqdm))
+            results.append(run_minirunner(other, wl, f"minirunner ({layout})" if c != "plain"
+                                          else "minirunner (paged, no speculation)", use_tqdm))
             del other
     base = results[0]
     ratios = {}
@@ -70,10 +101,17 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
             output_tok_per_s=base.output_tok_per_s / r.output_tok_per_s,
             peak_concurrent_seqs=(base.peak_concurrent_seqs / r.peak_concurrent_seqs
                                   if r.peak_concurrent_seqs else None))
+    hf = {r.settings.get("assistant") is None and r.settings.get("prompt_lookup_num_tokens") is None: r
+          for r in results if r.engine == "transformers"}
+    # transformers' own speed-up from assisted generation, when both of its runs are in this one
+    assisted = dict(label=f"{hf[False].label} vs {hf[True].label}",
+                    output_tok_per_s=hf[False].output_tok_per_s / hf[True].output_tok_per_s) \
+        if len(hf) == 2 else None
     return dict(workload=dict(name=wl.name, description=wl.description, num_requests=len(wl),
                               prompt_tokens=wl.num_prompt_tokens, output_tokens=wl.num_output_tokens,
                               seed=seed),
-                environment=environment(), results=[r.as_dict() for r in results], ratios=ratios)
+                environment=environment(), results=[r.as_dict() for r in results], ratios=ratios,
+                transformers_assisted_speedup=assisted)
 
 
 def format_table(report: dict) -> str:
@@ -101,6 +139,14 @@ def format_table(report: dict) -> str:
         conc = ratio["peak_concurrent_seqs"]
         lines.append(f"minirunner vs {label}: {ratio['output_tok_per_s']:.2f}x output tok/s"
                      + (f", {conc:.2f}x peak concurrent sequences" if conc else ""))
+    for r in report["results"]:
+        sp = r.get("speculative")
+        if sp and sp.get("alpha") is not None:
+            lines.append(f"{r['label']}: acceptance alpha {sp['alpha']:.2f}, mean accepted length "
+                         f"{sp['mean_accepted_length']:.2f} tokens per target pass")
+    assisted = report.get("transformers_assisted_speedup")
+    if assisted:
+        lines.append(f"{assisted['label']}: {assisted['output_tok_per_s']:.2f}x output tok/s")
     return "\n".join(lines)
 
 

@@ -42,6 +42,8 @@ class BenchResult:
     num_preemptions: int | None
     cached_prompt_tokens: int | None
     settings: dict = field(default_factory=dict)
+    # speculative runs: the SpecStats of the timed run (alpha, mean accepted length, propose/verify s)
+    speculative: dict | None = None
     timeline: dict = field(default_factory=dict, repr=False)
 
     def as_dict(self, with_timeline: bool = True) -> dict:
@@ -70,6 +72,9 @@ def run_minirunner(llm: LLM, workload: Workload, label: str = "minirunner",
     """Run every request of the workload through ``llm`` at once (offline: all arrive at t = 0)."""
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in workload.max_tokens]
     llm.clear_step_trace()
+    spec = llm.engine.spec
+    if spec is not None:
+        spec.stats.__init__()  # metrics of this run only
     start = time.perf_counter()
     outs = llm.generate(workload.prompts, params, use_tqdm=use_tqdm)
     seconds = time.perf_counter() - start
@@ -94,7 +99,9 @@ def run_minirunner(llm: LLM, workload: Workload, label: str = "minirunner",
                       num_kv_blocks=llm.engine.num_kv_blocks, max_num_seqs=cfg.max_num_seqs,
                       max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=cfg.max_model_len,
                       backend=llm.engine.backend.name, dtype=str(cfg.dtype), device=str(cfg.device),
-                      prefix_caching=cfg.enable_prefix_caching, threads=torch.get_num_threads()),
+                      prefix_caching=cfg.enable_prefix_caching, threads=torch.get_num_threads(),
+                      graph_mode=cfg.graph_mode, speculative_config=cfg.speculative_config),
+        speculative=None if spec is None else spec.stats.as_dict(),
         timeline=dict(
             t=np.cumsum([t["duration_s"] for t in trace]).tolist(),
             output_tokens=[t["num_output_tokens"] for t in trace],
@@ -105,17 +112,19 @@ def run_minirunner(llm: LLM, workload: Workload, label: str = "minirunner",
 
 
 class _StepClock:
-    """A transformers streamer that only notes when each generation step's tokens arrive."""
+    """A transformers streamer that only notes when each token of a row arrives: ``times[i]`` for token
+    i (assisted generation hands over several tokens at once; they share the time)."""
 
-    def __init__(self):
+    def __init__(self, batch_size: int):
         self.times: list[float] = []
+        self.batch_size = batch_size
         self._prompt_seen = False
 
     def put(self, value) -> None:
         if not self._prompt_seen:  # generate() first hands the streamer the prompt
             self._prompt_seen = True
             return
-        self.times.append(time.perf_counter())
+        self.times += [time.perf_counter()] * max(1, value.numel() // self.batch_size)
 
     def end(self) -> None:
         pass
@@ -123,17 +132,21 @@ class _StepClock:
 
 def run_transformers(model_dir: str, workload: Workload, batch_size: int, dtype: torch.dtype,
                      device: torch.device, label: str = "transformers",
-                     threads: tuple[int, ...] = ()) -> BenchResult:
+                     threads: tuple[int, ...] = (), assistant_dir: str | None = None,
+                     prompt_lookup_num_tokens: int | None = None) -> BenchResult:
     """The same prompts through transformers ``generate`` (greedy, EOS ignored) in static batches of
     ``batch_size``, left-padded, each batch generating its longest request's max_tokens. Only each
     request's own max_tokens count as output. ``threads``: on a CPU, run once with each torch thread
-    count and keep the fastest (the baseline at its best); the others are in ``settings``."""
+    count and keep the fastest (the baseline at its best); the others are in ``settings``.
+    Assisted generation (batch size 1 only): ``assistant_dir`` a draft model, or
+    ``prompt_lookup_num_tokens`` transformers' n-gram prompt lookup."""
     if threads and device.type == "cpu":
         before, runs = torch.get_num_threads(), []
         try:
             for n in threads:
                 torch.set_num_threads(n)
-                runs.append(run_transformers(model_dir, workload, batch_size, dtype, device, label))
+                runs.append(run_transformers(model_dir, workload, batch_size, dtype, device, label,
+                                             (), assistant_dir, prompt_lookup_num_tokens))
         finally:
             torch.set_num_threads(before)
         best = max(runs, key=lambda r: r.output_tok_per_s)
@@ -142,6 +155,14 @@ def run_transformers(model_dir: str, workload: Workload, batch_size: int, dtype:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    assist: dict = {}
+    if assistant_dir is not None:
+        assist["assistant_model"] = AutoModelForCausalLM.from_pretrained(
+            assistant_dir, dtype=dtype).to(device).eval()
+    if prompt_lookup_num_tokens is not None:
+        assist["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
+    if assist and batch_size != 1:
+        raise ValueError("transformers' assisted generation runs one request at a time: batch size 1")
     pad = 0
     ttft, tpot = [], []
 
@@ -149,10 +170,11 @@ def run_transformers(model_dir: str, workload: Workload, batch_size: int, dtype:
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-        clock = _StepClock()
+        clock = _StepClock(len(prompts))
         with torch.inference_mode():
             model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
-                           min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad, streamer=clock)
+                           min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad, streamer=clock,
+                           **assist)
         return clock.times
 
     generate(workload.prompts[:1], 2)  # warm-up
@@ -171,5 +193,6 @@ def run_transformers(model_dir: str, workload: Workload, batch_size: int, dtype:
         peak_concurrent_seqs=min(batch_size, len(workload)), kv_utilization_mean=None,
         kv_utilization_min=None, num_preemptions=None, cached_prompt_tokens=None,
         settings=dict(batch_size=batch_size, padding="left", dtype=str(dtype), device=str(device),
-                      threads=torch.get_num_threads()),
+                      threads=torch.get_num_threads(), assistant=assistant_dir,
+                      prompt_lookup_num_tokens=prompt_lookup_num_tokens),
     )

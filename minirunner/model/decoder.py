@@ -30,13 +30,31 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def _rebind_as_views(modules, fused: torch.Tensor, name: str) -> None:
-    """Point each module's parameter ``name`` at its rows of ``fused`` (same values, shared storage)."""
+def matmul_layout(weights: list[torch.Tensor]) -> torch.Tensor:
+    """The [in_features, out_features] operand of ``x @ w_t`` for nn.Linear weights stacked by rows.
+
+    On a CPU it is stored contiguous: the CPU GEMM runs 15-30% faster on the small row counts of decode
+    batches (4-48 rows) with the weight in this layout than with ``F.linear``'s [out, in] (measured on
+    the embedded model's shapes; equal from about 96 rows). On a GPU it is the transposed view of the
+    [out, in] stack (cuBLAS takes either layout at the same speed), so no copy is made there."""
+    stacked = torch.cat(weights) if len(weights) > 1 else weights[0]
+    w_t = stacked.t()
+    return w_t.contiguous() if stacked.device.type == "cpu" else w_t
+
+
+def _rebind_as_views(modules, fused: torch.Tensor, name: str, dim: int = 0) -> None:
+    """Point each module's parameter ``name`` at its part of ``fused`` (same values, shared storage):
+    its rows (dim 0, a bias), or its columns transposed (dim 1, a weight in :func:`matmul_layout`)."""
     start = 0
     for m in modules:
-        rows = getattr(m, name).shape[0]
-        setattr(m, name, nn.Parameter(fused[start:start + rows], requires_grad=False))
-        start += rows
+        size = getattr(m, name).shape[0]
+        part = fused[start:start + size] if dim == 0 else fused[:, start:start + size].t()
+        setattr(m, name, nn.Parameter(part, requires_grad=False))
+        start += size
+
+
+def _linear(x: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return x @ w_t if bias is None else torch.addmm(bias, x, w_t)
 
 
 class Attention(nn.Module):
@@ -54,31 +72,36 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.qkv_weight: torch.Tensor | None = None  # set by fuse_projections()
+        # Set by fuse_projections(): [hidden, (hq + 2 hkv) d] and [hq d, hidden] in matmul_layout.
+        self.qkv_weight_t: torch.Tensor | None = None
         self.qkv_bias: torch.Tensor | None = None
+        self.o_weight_t: torch.Tensor | None = None
 
     @torch.no_grad()
     def fuse_projections(self) -> None:
         """One matmul for q, k and v instead of three (vLLM's QKVParallelLinear idea): the weights are
-        concatenated once and q_proj / k_proj / v_proj become views of the fused tensor (no copy kept)."""
+        concatenated once and q_proj / k_proj / v_proj become views of the fused tensor (no copy kept).
+        o_proj's weight moves to the same :func:`matmul_layout`."""
         projs = (self.q_proj, self.k_proj, self.v_proj)
-        self.qkv_weight = torch.cat([p.weight for p in projs])
-        _rebind_as_views(projs, self.qkv_weight, "weight")
+        self.qkv_weight_t = matmul_layout([p.weight for p in projs])
+        _rebind_as_views(projs, self.qkv_weight_t, "weight", dim=1)
+        self.o_weight_t = matmul_layout([self.o_proj.weight])
+        _rebind_as_views((self.o_proj,), self.o_weight_t, "weight", dim=1)
         if self.q_proj.bias is not None:
             self.qkv_bias = torch.cat([p.bias for p in projs])
             _rebind_as_views(projs, self.qkv_bias, "bias")
 
     def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata, backend: AttentionBackend):
         n, hq, hkv, d = x.shape[0], self.num_q_heads, self.num_kv_heads, self.head_dim
-        if self.qkv_weight is None:
+        if self.qkv_weight_t is None:
             self.fuse_projections()
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias).view(n, hq + 2 * hkv, d)
+        qkv = _linear(x, self.qkv_weight_t, self.qkv_bias).view(n, hq + 2 * hkv, d)
         qk, v = qkv[:, :hq + hkv], qkv[:, hq + hkv:]
         if self.q_norm is not None:
             qk = torch.cat([self.q_norm(qk[:, :hq]), self.k_norm(qk[:, hq:])], dim=1)
         qk = apply_rotary(qk, cos, sin)  # q and k rotated in one pass
         out = backend.forward(qk[:, :hq], qk[:, hq:], v, kv_cache, meta)
-        return F.linear(out.reshape(n, -1), self.o_proj.weight)
+        return _linear(out.reshape(n, -1), self.o_weight_t)
 
 
 class MLP(nn.Module):
@@ -87,19 +110,23 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.gate_up_weight: torch.Tensor | None = None  # set by fuse_projections()
+        self.gate_up_weight_t: torch.Tensor | None = None  # set by fuse_projections() (matmul_layout)
+        self.down_weight_t: torch.Tensor | None = None
 
     @torch.no_grad()
     def fuse_projections(self) -> None:
-        """One matmul for gate and up (vLLM's MergedColumnParallelLinear idea); the two become views."""
-        self.gate_up_weight = torch.cat([self.gate_proj.weight, self.up_proj.weight])
-        _rebind_as_views((self.gate_proj, self.up_proj), self.gate_up_weight, "weight")
+        """One matmul for gate and up (vLLM's MergedColumnParallelLinear idea); the two become views.
+        down_proj's weight moves to the same :func:`matmul_layout`."""
+        self.gate_up_weight_t = matmul_layout([self.gate_proj.weight, self.up_proj.weight])
+        _rebind_as_views((self.gate_proj, self.up_proj), self.gate_up_weight_t, "weight", dim=1)
+        self.down_weight_t = matmul_layout([self.down_proj.weight])
+        _rebind_as_views((self.down_proj,), self.down_weight_t, "weight", dim=1)
 
     def forward(self, x):
-        if self.gate_up_weight is None:
+        if self.gate_up_weight_t is None:
             self.fuse_projections()
-        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_proj.weight)
+        gate, up = _linear(x, self.gate_up_weight_t).chunk(2, dim=-1)
+        return _linear(F.silu(gate) * up, self.down_weight_t)
 
 
 class DecoderLayer(nn.Module):
@@ -134,6 +161,9 @@ class DecoderLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        # An untied lm_head moves to matmul_layout; a tied one stays [vocab, hidden], the layout the
+        # embedding's row lookup needs (a second, transposed copy would cost vocab x hidden).
+        self.lm_head_weight_t: torch.Tensor | None = None
 
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[torch.Tensor], backend: AttentionBackend) -> torch.Tensor:
@@ -154,7 +184,12 @@ class DecoderLM(nn.Module):
         for layer in self.model.layers:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
+        if not self.config.tie_word_embeddings:
+            self.lm_head_weight_t = matmul_layout([self.lm_head.weight])
+            _rebind_as_views((self.lm_head,), self.lm_head_weight_t, "weight", dim=1)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [n, hidden_size] -> fp32 logits [n, vocab_size]."""
+        if self.lm_head_weight_t is not None:
+            return _linear(hidden, self.lm_head_weight_t).float()
         return self.lm_head(hidden).float()

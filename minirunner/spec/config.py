@@ -135,6 +135,12 @@ class SpeculativeConfig:
                 raise ValueError("num_speculative_tokens_per_batch_size ranges overlap")
         return tuple(rows)
 
+    @property
+    def max_num_speculative_tokens(self) -> int:
+        """The most drafts any step may carry (sizes the graph-mode verify buffers)."""
+        return max([self.num_speculative_tokens]
+                   + [k for _, _, k in self.num_speculative_tokens_per_batch_size])
+
     def k_for_batch_size(self, batch_size: int) -> int:
         """k from the table (num_speculative_tokens outside every range)."""
         for start, end, k in self.num_speculative_tokens_per_batch_size:

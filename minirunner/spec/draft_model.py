@@ -61,6 +61,10 @@ class _DraftSeq:
     def num_tokens(self) -> int:
         return len(self.tokens)
 
+    @property
+    def output_token_ids(self) -> tuple[()]:
+        return ()  # no min_tokens to enforce: the draft's decode passes may replay a graph step
+
 
 class DraftModelProposer:
     def __init__(self, draft_dir: str, config: EngineConfig, num_blocks: int):
@@ -73,6 +77,11 @@ class DraftModelProposer:
         self.runner = ModelRunner(self.model, backend, num_blocks, config.block_size,
                                   config.max_num_seqs, config.max_num_batched_tokens,
                                   config.max_model_len)
+        if config.graph_mode != "none":  # the draft's one-token passes replay as the target's do
+            from minirunner.graphs import capture_sizes
+
+            self.runner.enable_graphs(config.graph_mode,
+                                      capture_sizes(config.max_num_seqs, config.cudagraph_capture_sizes))
         self.max_batched = config.max_num_batched_tokens
         self.device = config.device
         self.seqs: dict[str, _DraftSeq] = {}
@@ -123,7 +132,8 @@ class DraftModelProposer:
             for rid in self._forward(active, seqs, by_id, out, catch_up=False):
                 want[rid] = j  # the draft pool ran dry: keep the drafts made so far
         self.forward_s += time.perf_counter() - t0
-        return {rid: (toks, torch.stack(qs)) for rid, (toks, qs) in out.items() if toks}
+        return {rid: (toks, _stack_probs(toks, qs, self.model_config.vocab_size))
+                for rid, (toks, qs) in out.items() if toks}
 
     def _forward(self, rids, seqs, by_id, out, catch_up: bool) -> list[str]:
         """One draft forward over ``rids``. Catching up: returns the ids with verified tokens left
@@ -166,6 +176,14 @@ class DraftModelProposer:
         if logits is None:
             return
         reqs = [by_id[seq.request_id] for seq in sampling]
+        if all(r.params.temperature <= 0 for r in reqs):
+            # Greedy drafts: the argmax, with q one-hot on it (``None`` rows: the rejection sampler's
+            # n-gram form). A greedy target never reads q, so no softmax over the vocabulary is paid.
+            for seq, token in zip(sampling, logits.argmax(dim=-1).tolist(), strict=True):
+                seq.tokens.append(token)
+                out[seq.request_id][0].append(token)
+                out[seq.request_id][1].append(None)
+            return
         dev = self.device
         temps = torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32, device=dev)
         top_k = torch.tensor([r.params.top_k for r in reqs], dtype=torch.int64, device=dev)
@@ -180,3 +198,13 @@ class DraftModelProposer:
             seq.tokens.append(token)
             out[seq.request_id][0].append(token)
             out[seq.request_id][1].append(q[i])
+
+
+def _stack_probs(tokens: list[int], qs: list[torch.Tensor | None], vocab: int) -> torch.Tensor | None:
+    """q of a request's drafts [len(tokens), vocab]: None when every draft was greedy (one-hot, as the
+    rejection sampler reads None), one-hot rows for greedy passes mixed with sampled ones."""
+    if all(q is None for q in qs):
+        return None
+    dev = next(q for q in qs if q is not None).device
+    return torch.stack([q if q is not None else torch.nn.functional.one_hot(
+        torch.tensor(t, device=dev), vocab).float() for t, q in zip(tokens, qs, strict=True)])

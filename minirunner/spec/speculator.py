@@ -66,9 +66,17 @@ class Speculator:
     def draft_probs(self, scheduled: list[ScheduledRequest]) -> torch.Tensor | None:
         """q of every draft token of this step, in order ([num_draft_tokens, vocab]), or None."""
         if not self._probs:
-            return None
-        rows = [self._probs[s.request.request_id][:len(s.draft_token_ids)]
-                for s in scheduled if s.samples and s.draft_token_ids]
+            return None  # every draft one-hot (n-gram, or greedy draft passes)
+        rows = []
+        for s in scheduled:
+            if not (s.samples and s.draft_token_ids):
+                continue
+            q = self._probs.get(s.request.request_id)
+            if q is None:  # this request's drafts were greedy: one-hot rows
+                q = next(iter(self._probs.values()))
+                q = torch.nn.functional.one_hot(torch.tensor(s.draft_token_ids, device=q.device),
+                                                q.shape[-1]).float()
+            rows.append(q[:len(s.draft_token_ids)])
         return torch.cat(rows) if rows else None
 
     def record(self, sampling: list[ScheduledRequest], runs: list[list[int]], verify_s: float):

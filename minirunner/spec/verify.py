@@ -25,6 +25,8 @@ def verify_drafts(runner, logits: torch.Tensor, inputs, draft_probs: torch.Tenso
     """
     dev, state, rows = logits.device, runner.state, inputs.sample_rows
     cu = np.cumsum(inputs.num_drafts)
+    if not state.temperature[rows].any():
+        return _greedy_runs(logits, inputs.draft_token_ids, inputs.num_drafts)
     sampler = rejection_sample if dev.type == "cuda" and HAS_TRITON else rejection_sample_ref
     def put(arr: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(arr).to(dev)
@@ -33,3 +35,20 @@ def verify_drafts(runner, logits: torch.Tensor, inputs, draft_probs: torch.Tenso
                   put(state.top_k[rows]), put(state.top_p[rows]), put(state.seed[rows]),
                   inputs.sample_positions)
     return [[t for t in row if t >= 0] for row in out.tolist()]
+
+
+def _greedy_runs(logits: torch.Tensor, drafts: np.ndarray, num_drafts: np.ndarray) -> list[list[int]]:
+    """An all-greedy batch: the rejection sampler's greedy rule (accept while the draft is the target's
+    argmax, then the argmax) on the host, from one argmax over the rows: no noise, no softmax."""
+    best = logits.argmax(dim=-1).cpu().numpy()
+    runs, row, d = [], 0, 0
+    for k in num_drafts.tolist():
+        run = []
+        for j in range(k + 1):
+            token = int(best[row + j])
+            run.append(token)
+            if j == k or drafts[d + j] != token:
+                break
+        runs.append(run)
+        row, d = row + k + 1, d + k
+    return runs
