@@ -42,8 +42,8 @@ def test_compiled_verify_step_gives_the_eager_tokens(pair, method):  # noqa: F81
     assert replays, "no verify step ran as a compiled bucket"
     assert any(t["num_padded_rows"] == 1 for t in replays), "no padded verify replay"
     assert all(t["bucket_size"] == 2 for t in replays)
-    kind = "verify" if method == "draft_model" else "verify_onehot"
-    assert (2, kind, K + 1) in compiled.engine.runner.graphs._steps
+    # greedy drafts carry one-hot q (a greedy draft pass takes the argmax): the one-hot verify kind
+    assert (2, "verify_onehot", K + 1) in compiled.engine.runner.graphs._steps
     if method == "draft_model":  # the draft's one-token passes replay too
         draft_runner = compiled.engine.spec.proposer.runner
         assert (2, "greedy", 1) in draft_runner.graphs._steps
@@ -52,3 +52,5 @@ def test_compiled_verify_step_gives_the_eager_tokens(pair, method):  # noqa: F81
     sampled = SamplingParams(temperature=0.9, seed=7, max_tokens=14, ignore_eos=True)
     assert _tokens(compiled, prompts, sampled) == _tokens(eager, prompts, sampled)
     assert _verify_replays(compiled)
+    if method == "draft_model":  # sampled drafts: q from the static buffer
+        assert (2, "verify", K + 1) in compiled.engine.runner.graphs._steps

@@ -161,9 +161,6 @@ class DecoderLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-        # An untied lm_head moves to matmul_layout; a tied one stays [vocab, hidden], the layout the
-        # embedding's row lookup needs (a second, transposed copy would cost vocab x hidden).
-        self.lm_head_weight_t: torch.Tensor | None = None
 
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[torch.Tensor], backend: AttentionBackend) -> torch.Tensor:
@@ -184,12 +181,9 @@ class DecoderLM(nn.Module):
         for layer in self.model.layers:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
-        if not self.config.tie_word_embeddings:
-            self.lm_head_weight_t = matmul_layout([self.lm_head.weight])
-            _rebind_as_views((self.lm_head,), self.lm_head_weight_t, "weight", dim=1)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [n, hidden_size] -> fp32 logits [n, vocab_size]."""
-        if self.lm_head_weight_t is not None:
-            return _linear(hidden, self.lm_head_weight_t).float()
+        # lm_head keeps nn.Linear's [vocab, hidden] layout: tied, it is the embedding table, whose row
+        # lookup needs that layout (a transposed copy would cost vocab x hidden).
         return self.lm_head(hidden).float()
