@@ -112,6 +112,14 @@ class PenaltyState:
             self._free.append(r)
 
 
+def needs_logits_processing(request) -> bool:
+    """Whether the request's next token needs this module's host-side state: logit bias, min_tokens
+    suppression still pending, repetition / presence / frequency penalties or min_p."""
+    p = request.params
+    return bool(p.logit_bias or p.has_penalties or p.min_p > 0
+                or len(request.output_token_ids) < p.min_tokens)
+
+
 class LogitsProcessors:
     """Builds each step's ``LogitsBatch`` from the requests' SamplingParams and keeps PenaltyState."""
 

@@ -29,7 +29,7 @@ from minirunner.attention.base import AttentionBackend
 from minirunner.graphs import DecodeGraphs
 from minirunner.kv.block_table import BlockTable
 from minirunner.kv.manager import KVCacheManager
-from minirunner.logits_processing import LogitsProcessors, apply_logits_processors
+from minirunner.logits_processing import LogitsProcessors, apply_logits_processors, needs_logits_processing
 from minirunner.logprobs import TokenLogprobs, score_prompts, score_tokens
 from minirunner.model.decoder import DecoderLM
 from minirunner.request import Request
@@ -479,6 +479,4 @@ class ModelRunner:
 def _graph_ready(request: Request) -> bool:
     """Whether a request's next token can be sampled inside a graph step (temperature, top-k, top-p and
     the seed are static buffers there; the logits processors' per-request state is not)."""
-    p = request.params
-    return not (p.logit_bias or p.has_penalties or p.min_p > 0 or p.prompt_logprobs is not None
-                or len(request.output_token_ids) < p.min_tokens)
+    return not (needs_logits_processing(request) or request.params.prompt_logprobs is not None)

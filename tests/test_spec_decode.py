@@ -258,3 +258,25 @@ def test_embedded_target_uses_the_embedded_draft():
               device="cpu")
     assert llm.engine.spec.config.model == str(default_draft_dir())
     assert llm.engine.config.model == str(default_model_dir())
+
+
+@pytest.mark.parametrize("proposer", ["draft_model", "ngram"])
+def test_processors_and_logprobs_are_applied_whatever_the_batch_drafts(pair, plain, proposer):
+    """The rejection sampler knows temperature / top-k / top-p only: a request with penalties, logit
+    bias, pending min_tokens or logprobs must get exactly what plain decoding gives it, and so must the
+    greedy requests batched with it."""
+    prompts = _prompts(6)
+    special = [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, repetition_penalty=1.3),
+               SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logit_bias={5: 4.0}),
+               SamplingParams(temperature=0, max_tokens=16, min_tokens=12, stop_token_ids=[7, 9]),
+               SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)]
+    params = special + [GREEDY, GREEDY]
+    spec = LLM(pair["target"], device="cpu", attention_backend="torch",
+               speculative_config=_spec(pair, proposer, 3))
+    want = plain.generate(prompts, params, use_tqdm=False)
+    got = spec.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert len(got[3].outputs[0].logprobs) == len(got[3].outputs[0].token_ids)
+    # alone, the greedy requests still speculate
+    spec.generate(prompts[4:], GREEDY, use_tqdm=False)
+    assert any(t["num_draft_tokens"] for t in spec.get_step_trace())

@@ -1,7 +1,8 @@
 """Speculator: the engine's side of speculative decoding — drafts before a step, bookkeeping after it.
 
-Owns choosing k for each step (fixed, by batch-size table, or acceptance-driven), asking the proposer
-for drafts of every decode-ready running request (fewer near max_tokens / max_model_len), handing the
+Owns choosing k for each step (fixed, by batch-size table, or acceptance-driven; 0 while a request needs
+the host-side logits processors or logprobs), asking the proposer for drafts of every decode-ready running
+request (fewer near max_tokens / max_model_len), handing the
 draft probabilities to the verify step, and the metrics (per request, engine-wide, per step). Never
 runs the target model, never appends tokens and never touches the target's KV cache (the engine rolls
 back num_computed_tokens; the draft proposer rolls back its own cache).
@@ -13,6 +14,7 @@ import time
 
 import torch
 
+from minirunner.logits_processing import needs_logits_processing
 from minirunner.request import Request
 from minirunner.scheduler import ScheduledRequest
 from minirunner.spec.config import SpeculativeConfig
@@ -51,6 +53,11 @@ class Speculator:
             r.spec_token_ids = []
             if r.num_computed_tokens == r.num_tokens - 1:
                 ready.append(r)
+        # The rejection sampler knows temperature, top-k and top-p only: while any request needs the
+        # host-side logits processors (bias, pending min_tokens, penalties, min_p) or sampled logprobs,
+        # the step runs without drafts (the plain sampler applies them to every row).
+        if any(needs_logits_processing(r) or r.params.logprobs is not None for r in running):
+            ready = []
         k = self.choose_k(len(running)) if ready else 0
         self.last_k = k
         # A step emits up to k + 1 tokens: never past max_len (prompt + max_tokens, max_model_len).
