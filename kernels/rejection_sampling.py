@@ -53,6 +53,12 @@ def accept_uniform(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor
     return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
 
 
+def one_hot_probs(token_ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """q of drafts drawn with certainty (n-gram lookup, greedy draft passes): fp32 [n, vocab], one-hot
+    on each token; what ``draft_probs=None`` means to the rejection samplers."""
+    return torch.nn.functional.one_hot(token_ids.long(), vocab).float()
+
+
 def recovery_weights(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Unnormalised distribution of the token emitted after a rejection: max(0, p - q). [rows, vocab]."""
     return (p - q).clamp_min(0.0)
@@ -128,7 +134,7 @@ def rejection_sample_ref(
 
     p = torch.softmax(scaled[draft_row], dim=-1)
     if draft_probs is None:
-        q = torch.zeros_like(p).scatter_(1, draft_token_ids[:, None], 1.0)
+        q = one_hot_probs(draft_token_ids, p.shape[-1])
     else:
         q = draft_probs.float()
     p_x = p.gather(1, draft_token_ids[:, None])[:, 0]

@@ -245,11 +245,12 @@ class TorchAttentionBackend(AttentionBackend):
         dev = meta.seq_lens.device
         starts, qlens, lens = qsl[idx], qsl[idx + 1] - qsl[idx], seq_lens[idx]
         max_q, n = int(qlens.max()), len(idx)
-        uniform = n == len(qsl) - 1 and (qlens == max_q).all()  # every sequence, max_q queries each
-        local = np.arange(int(qlens.sum())) - np.repeat(np.cumsum(qlens) - qlens, qlens)
-        owner = np.repeat(np.arange(n), qlens)
-        token_rows = np.repeat(starts, qlens) + local
-        padded_rows = owner * max_q + local
+        rows = (None, None)  # every sequence with max_q queries: q is already the padded layout
+        if n < len(qsl) - 1 or (qlens < max_q).any():
+            local = np.arange(int(qlens.sum())) - np.repeat(np.cumsum(qlens) - qlens, qlens)
+            token_rows = np.repeat(starts, qlens) + local
+            padded_rows = np.repeat(np.arange(n), qlens) * max_q + local
+            rows = (torch.from_numpy(token_rows).to(dev), torch.from_numpy(padded_rows).to(dev))
         nb = self._columns(lens.max())
         q_pos = (lens - qlens)[:, None] + np.arange(max_q)[None, :]  # [n, max_q]
         key_pos = np.arange(nb * self.block_size)
@@ -257,8 +258,6 @@ class TorchAttentionBackend(AttentionBackend):
         group = self.num_q_heads // self.num_kv_heads
         mask = np.repeat(allowed, group, axis=1)[:, None]  # row i * G + g
         tables = meta.block_tables[torch.from_numpy(idx).to(dev), :nb]
-        rows = (None, None) if uniform else (torch.from_numpy(token_rows).to(dev),
-                                             torch.from_numpy(padded_rows).to(dev))
         return _PrefillGroup(*rows, n, max_q, gather_rows(tables, self.block_size),
                              torch.from_numpy(mask).to(dev))
 

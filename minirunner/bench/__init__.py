@@ -64,9 +64,11 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
         # workload once untimed first so that the timed run replays compiled steps only
         warm = wl
     run_minirunner(llm, warm)
-    label = f"minirunner ({cfg.kv_layout}" + (f", {llm.engine.spec.config.method} k="
-                                               f"{llm.engine.spec.config.num_speculative_tokens})"
-                                               if spec is not None else ")")
+    if spec is None:
+        label = f"minirunner ({cfg.kv_layout})"
+    else:
+        sc = llm.engine.spec.config
+        label = f"minirunner ({cfg.kv_layout}, {sc.method} k={sc.num_speculative_tokens})"
     results = [run_minirunner(llm, wl, label, use_tqdm)]
     threads = tuple(sorted({1, _DEFAULT_THREADS}))
     for c in compare:
@@ -74,8 +76,7 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
             results.append(run_transformers(cfg.model, wl, hf_batch_size, cfg.dtype, cfg.device,
                                             f"transformers generate (static batches of {hf_batch_size})",
                                             threads=threads))
-        elif c == "transformers_assisted":
-            sc = llm.engine.spec.config
+        elif c == "transformers_assisted":  # sc: the speculative run's config (spec is given)
             draft = sc.model if sc.method == "draft_model" else None
             lookup = sc.num_speculative_tokens if sc.method == "ngram" else None
             how = "draft model" if draft else f"prompt lookup, {lookup} tokens"
@@ -101,12 +102,14 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
             output_tok_per_s=base.output_tok_per_s / r.output_tok_per_s,
             peak_concurrent_seqs=(base.peak_concurrent_seqs / r.peak_concurrent_seqs
                                   if r.peak_concurrent_seqs else None))
-    hf = {r.settings.get("assistant") is None and r.settings.get("prompt_lookup_num_tokens") is None: r
-          for r in results if r.engine == "transformers"}
     # transformers' own speed-up from assisted generation, when both of its runs are in this one
-    assisted = dict(label=f"{hf[False].label} vs {hf[True].label}",
-                    output_tok_per_s=hf[False].output_tok_per_s / hf[True].output_tok_per_s) \
-        if len(hf) == 2 else None
+    hf_runs = {c: r for c, r in zip(compare, results[1:], strict=True)
+               if c in ("transformers", "transformers_assisted")}
+    assisted = None
+    if len(hf_runs) == 2:
+        plain_hf, assisted_hf = hf_runs["transformers"], hf_runs["transformers_assisted"]
+        assisted = dict(label=f"{assisted_hf.label} vs {plain_hf.label}",
+                        output_tok_per_s=assisted_hf.output_tok_per_s / plain_hf.output_tok_per_s)
     return dict(workload=dict(name=wl.name, description=wl.description, num_requests=len(wl),
                               prompt_tokens=wl.num_prompt_tokens, output_tokens=wl.num_output_tokens,
                               seed=seed),

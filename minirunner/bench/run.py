@@ -74,7 +74,7 @@ def run_minirunner(llm: LLM, workload: Workload, label: str = "minirunner",
     llm.clear_step_trace()
     spec = llm.engine.spec
     if spec is not None:
-        spec.stats.__init__()  # metrics of this run only
+        spec.reset_stats()  # metrics of this run only
     start = time.perf_counter()
     outs = llm.generate(workload.prompts, params, use_tqdm=use_tqdm)
     seconds = time.perf_counter() - start

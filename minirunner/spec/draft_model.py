@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from kernels._triton import HAS_TRITON
-from kernels.rejection_sampling import probs_from_logits
+from kernels.rejection_sampling import one_hot_probs, probs_from_logits
 from kernels.sampling import sample, sample_ref
 from minirunner.attention import get_backend_class, resolve_backend_name
 from minirunner.config import EngineConfig, ModelConfig
@@ -206,5 +206,5 @@ def _stack_probs(tokens: list[int], qs: list[torch.Tensor | None], vocab: int) -
     if all(q is None for q in qs):
         return None
     dev = next(q for q in qs if q is not None).device
-    return torch.stack([q if q is not None else torch.nn.functional.one_hot(
-        torch.tensor(t, device=dev), vocab).float() for t, q in zip(tokens, qs, strict=True)])
+    return torch.stack([q if q is not None else one_hot_probs(torch.tensor([t], device=dev), vocab)[0]
+                        for t, q in zip(tokens, qs, strict=True)])

@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from kernels.rejection_sampling import one_hot_probs
 from minirunner.logits_processing import needs_logits_processing
 from minirunner.request import Request
 from minirunner.scheduler import ScheduledRequest
@@ -37,6 +38,10 @@ class Speculator:
         self._probs: dict[str, torch.Tensor] = {}
         self.last_k = 0
         self.last_propose_s = 0.0
+
+    def reset_stats(self) -> None:
+        """Start the engine-wide metrics afresh (a benchmark measures one run)."""
+        self.stats = SpecStats()
 
     def choose_k(self, batch_size: int) -> int:
         if self.dynamic is not None:
@@ -80,9 +85,8 @@ class Speculator:
                 continue
             q = self._probs.get(s.request.request_id)
             if q is None:  # this request's drafts were greedy: one-hot rows
-                q = next(iter(self._probs.values()))
-                q = torch.nn.functional.one_hot(torch.tensor(s.draft_token_ids, device=q.device),
-                                                q.shape[-1]).float()
+                like = next(iter(self._probs.values()))
+                q = one_hot_probs(torch.tensor(s.draft_token_ids, device=like.device), like.shape[-1])
             rows.append(q[:len(s.draft_token_ids)])
         return torch.cat(rows) if rows else None
 
