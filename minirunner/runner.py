@@ -4,8 +4,8 @@ One step is five stages, each a method a notebook can call and inspect:
 ``prepare_inputs → run_model → compute_logits → sample → postprocess``.
 
 Owns the KV cache tensors, the static per-step buffers (input_ids, positions, slot_mapping,
-query_start_loc, seq_lens, block_tables), and persistent per-request state rows (block-table row,
-sampling parameters): a step writes only what changed (new block ids) and gathers the batch's rows.
+query_start_loc, seq_lens, block_tables), and the persistent per-request state rows
+(minirunner/request_state.py): a step writes only what changed (new block ids) and gathers the batch's rows.
 Buffers are allocated once at their maximum size and every step writes into them, so a captured or
 compiled decode step (minirunner/graphs.py) replays over the same storage. A decode batch of B requests
 whose B has a bucket runs padded to that bucket: every row of it is written each step (padding rows: slot
@@ -27,16 +27,14 @@ from kernels.sampling import sample, sample_ref
 from minirunner.attention import AttentionMetadata
 from minirunner.attention.base import AttentionBackend
 from minirunner.graphs import DecodeGraphs
-from minirunner.kv.block_table import BlockTable
 from minirunner.kv.manager import KVCacheManager
 from minirunner.logits_processing import LogitsProcessors, apply_logits_processors, needs_logits_processing
 from minirunner.logprobs import TokenLogprobs, score_prompts, score_tokens
 from minirunner.model.decoder import DecoderLM
 from minirunner.request import Request
+from minirunner.request_state import RequestStateRows
 from minirunner.scheduler import ScheduledRequest
 from minirunner.spec.verify import verify_drafts
-
-_SEED_MASK = (1 << 63) - 1
 
 
 @dataclass(slots=True)
@@ -70,66 +68,6 @@ class StepGraphInfo:
     num_padded_rows: int = 0
 
 
-class _StateRows:
-    """Persistent per-request rows (MRv2's request state): the block-table row and sampling parameters.
-
-    A request keeps its row while it runs; the row's block ids are appended as its table grows, and
-    rewritten only when the table was replaced (after a preemption).
-    """
-
-    def __init__(self, capacity: int, max_blocks: int):
-        self.block_tables = np.zeros((capacity, max_blocks), dtype=np.int32)
-        self.num_written = np.zeros(capacity, dtype=np.int64)
-        self.version = np.zeros(capacity, dtype=np.int64)
-        self.temperature = np.zeros(capacity, dtype=np.float32)
-        self.top_k = np.zeros(capacity, dtype=np.int64)
-        self.top_p = np.ones(capacity, dtype=np.float32)
-        self.seed = np.zeros(capacity, dtype=np.int64)
-        self.table_of: list[BlockTable | None] = [None] * capacity
-        self.row_of: dict[str, int] = {}
-        self.free = list(range(capacity - 1, -1, -1))
-
-    def _grow(self) -> None:
-        cap = len(self.table_of)
-        for name in ("block_tables", "num_written", "version", "temperature", "top_k", "top_p", "seed"):
-            old = getattr(self, name)
-            new = np.zeros((2 * cap, *old.shape[1:]), dtype=old.dtype)
-            new[:cap] = old
-            setattr(self, name, new)
-        self.table_of += [None] * cap
-        self.free = list(range(2 * cap - 1, cap - 1, -1)) + self.free
-
-    def sync(self, request: Request, table: BlockTable) -> int:
-        """The request's row, with its block ids up to date (only new ids are written)."""
-        row = self.row_of.get(request.request_id)
-        if row is None:
-            if not self.free:
-                self._grow()
-            row = self.free.pop()
-            self.row_of[request.request_id] = row
-            p = request.params
-            self.temperature[row] = p.temperature
-            self.top_k[row] = p.top_k
-            self.top_p[row] = p.top_p
-            self.seed[row] = request.seed & _SEED_MASK
-            self.table_of[row] = None
-        if self.table_of[row] is not table or self.version[row] != table.version:
-            # new, re-allocated after a preemption, or entries replaced (copy-on-write) or dropped
-            # (rolled-back drafts): rewrite
-            self.table_of[row], self.num_written[row], self.version[row] = table, 0, table.version
-        done, blocks = self.num_written[row], table.blocks
-        if len(blocks) > done:
-            self.block_tables[row, done:len(blocks)] = blocks[done:]
-            self.num_written[row] = len(blocks)
-        return row
-
-    def release(self, request_id: str) -> None:
-        row = self.row_of.pop(request_id, None)
-        if row is not None:
-            self.table_of[row] = None
-            self.free.append(row)
-
-
 class ModelRunner:
     def __init__(self, model: DecoderLM, backend: AttentionBackend, num_blocks: int,
                  block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
@@ -144,7 +82,7 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         T, S = max_num_batched_tokens, max_num_seqs
         self._host: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
-        self.state = _StateRows(2 * S, self.max_blocks_per_seq)
+        self.state = RequestStateRows(2 * S, self.max_blocks_per_seq)
         self.input_ids = self._buffer(T, torch.int64)
         self.positions = self._buffer(T, torch.int64)
         self.slot_mapping = self._buffer(T, torch.int64, fill=-1)
