@@ -3,6 +3,7 @@ minirunner.spec.math against a Monte Carlo simulation."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from tiny_models import make_tiny_model
@@ -78,6 +79,29 @@ def test_ngram_lookup_finds_the_longest_most_recent_match():
     assert ngram_propose(seq + [1, 2, 3], 2, 1, 3) == [5, 6]
     assert ngram_propose([1, 2, 3], 2, 1, 3) == []  # no earlier occurrence of the suffix
     assert ngram_propose([4, 4, 4], 5, 1, 1) == [4]  # never runs past the sequence
+
+
+def _ngram_brute_force(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """The lookup by its definition: every window, longest n first, the most recent one."""
+    L = len(tokens)
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        suffix = tokens[L - n:]
+        starts = [w for w in range(L - n) if tokens[w:w + n] == suffix]
+        if starts:
+            return tokens[starts[-1] + n:starts[-1] + n + k]
+    return []
+
+
+def test_ngram_lookup_equals_its_definition_on_random_sequences():
+    rng = np.random.default_rng(0)
+    for trial in range(400):
+        vocab = int(rng.integers(2, 8))  # small vocabularies: many overlapping matches
+        seq = rng.integers(0, vocab, size=int(rng.integers(1, 60))).tolist()
+        min_n = int(rng.integers(1, 4))
+        max_n = min_n + int(rng.integers(0, 4))
+        k = int(rng.integers(1, 7))
+        assert ngram_propose(seq, k, min_n, max_n) == _ngram_brute_force(seq, k, min_n, max_n), \
+            (seq, k, min_n, max_n)
 
 
 @pytest.mark.parametrize("alpha,k", [(0.0, 3), (0.5, 1), (0.77, 4), (0.9, 7), (1.0, 3)])

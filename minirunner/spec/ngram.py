@@ -14,16 +14,29 @@ def ngram_propose(token_ids: list[int] | np.ndarray, k: int, min_n: int, max_n: 
 
     Tries n = max_n down to min_n: finds the most recent earlier occurrence of the last n tokens and
     returns (up to) the k tokens that followed it. Returns [] when nothing matches.
+
+    One pass over the sequence per call: the earlier positions holding the last token are the only
+    places a match can end, and each of them is extended backwards at most max_n - 1 tokens (a step
+    with no match costs as little as one with a match; the lookup runs every decode step).
     """
     tokens = np.asarray(token_ids, dtype=np.int64)
     L = len(tokens)
-    for n in range(min(max_n, L - 1), min_n - 1, -1):
-        suffix = tokens[L - n:]
-        # windows starting at 0 .. L-n-1 (the suffix itself is excluded)
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[:L - 1], n)
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
+    if L < 2 or max_n < 1:
+        return []
+    ends = np.flatnonzero(tokens[:L - 1] == tokens[L - 1])  # a match's last token, before the suffix
+    if not len(ends):
+        return []
+    # length[i]: how many tokens match backwards from ends[i] (capped at max_n and by the sequence start)
+    length = np.ones(len(ends), dtype=np.int64)
+    alive = np.ones(len(ends), dtype=bool)
+    for j in range(1, min(max_n, L - 1)):  # a match ends at L - 2 at the latest
+        alive &= ends >= j
+        alive[alive] = tokens[ends[alive] - j] == tokens[L - 1 - j]
+        length += alive
+    for n in range(max_n, min_n - 1, -1):
+        hits = ends[length >= n]
         if len(hits):
-            start = int(hits[-1]) + n
+            start = int(hits[-1]) + 1
             return tokens[start:start + k].tolist()
     return []
 
