@@ -94,7 +94,7 @@ def _ngram_brute_force(tokens: list[int], k: int, min_n: int, max_n: int) -> lis
 
 def test_ngram_lookup_equals_its_definition_on_random_sequences():
     rng = np.random.default_rng(0)
-    for trial in range(400):
+    for _ in range(400):
         vocab = int(rng.integers(2, 8))  # small vocabularies: many overlapping matches
         seq = rng.integers(0, vocab, size=int(rng.integers(1, 60))).tolist()
         min_n = int(rng.integers(1, 4))

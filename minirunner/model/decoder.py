@@ -34,12 +34,13 @@ class FusedLinear:
     """The weight of one or more nn.Linear layers stacked by rows ([out_features, in_features], the
     layers' own layout: their parameters become views of it), and how a batch of rows meets it.
 
-    On a CPU the best kernel depends on the row count (measured on the embedded model's shapes with the
-    weights coming from memory, as they do in a step: each step reads every weight once). One row: a
-    contiguous [in, out] copy (``x @ w_t``) is 15-20% faster than ``F.linear``. Two rows and more (a
-    verify step's k + 1 rows, a decode batch): ``F.linear`` on [out, in] is 20-40% faster up to about 8
-    rows and 5-15% from 24 up. So a CPU keeps both, at the price of one more copy of these weights; a
-    GPU keeps only [out, in] (cuBLAS takes either layout at the same speed)."""
+    On a CPU the best kernel depends on the row count (``benchmarks/linear_layouts.py``: the embedded
+    model's projections with the weights coming from memory, as they do in a step, which reads every
+    weight once). One row: a contiguous [in, out] copy (``x @ w_t``) is 15-25% faster than ``F.linear``.
+    Two to eight rows (a verify step's k + 1 rows, small decode batches): ``F.linear`` on [out, in] is
+    15-40% faster; from 24 rows the two are within 15% of each other (F.linear ahead with two threads,
+    behind with one). So a CPU keeps both, at the price of one more copy of these weights, and sends a
+    single row to the copy; a GPU keeps only [out, in] (cuBLAS takes either layout at the same speed)."""
 
     __slots__ = ("weight", "weight_t", "bias")
 
