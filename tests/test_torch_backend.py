@@ -113,3 +113,27 @@ def test_length_groups_match_ref(split):
     assert (len(backend._decode) > 1) == split
     got = backend.forward(q, k, v, _with_null_block(b.kv_cache), meta)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("max_groups", [4, 1])
+def test_prefill_length_groups_match_ref(max_groups):
+    """Prompts admitted together with very different lengths, beside extend chunks and decode rows: the
+    prefill sequences are split into length groups (each padded to its own longest query and context)
+    or kept as one padded group, and either way equal the per-sequence reference."""
+    g = torch.Generator().manual_seed(7)
+    prompts = [2, 150, 9, 3, 77, 40, 5, 120, 16, 1]
+    seq_lens = prompts + [60, 33, 90, 12]  # four extend chunks after a cached prefix
+    query_lens = prompts + [5, 33, 1, 1]  # ... and two of them decode rows
+    b = random_paged_batch(seq_lens, query_lens, 8, 2, 16, 4, seed=4)
+    meta = make_meta(seq_lens, query_lens, b.block_tables, 4)
+    q = torch.randn(meta.num_tokens, 8, 16, generator=g)
+    k, v = torch.randn(meta.num_tokens, 2, 16, generator=g), torch.randn(meta.num_tokens, 2, 16, generator=g)
+    want_cache = b.kv_cache.clone()
+    store_kv_ref(k, v, want_cache, meta.slot_mapping)
+    want = paged_prefill_ref(q, want_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, 0.25)
+    backend = _backend(8, 2, 16, 4)
+    backend.MAX_PREFILL_GROUPS = max_groups
+    backend.plan(meta)
+    assert (len(backend._prefill) > 1) == (max_groups > 1)
+    got = backend.forward(q, k, v, _with_null_block(b.kv_cache), meta)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -143,11 +143,15 @@ class TorchAttentionBackend(AttentionBackend):
     # ShareGPT-like lengths outweighs them on the embedded model.
     MAX_DECODE_GROUPS = 6
     MIN_GROUP_SIZE = 6
+    # Prefill sequences likewise, by context length: a prefill group is a larger share of the step, so
+    # groups of two pay already.
+    MAX_PREFILL_GROUPS = 4
+    MIN_GROUP_SIZE_PREFILL = 2
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._decode: list[_DecodeGroup] = []
-        self._prefill: _PrefillGroup | None = None
+        self._prefill: list[_PrefillGroup] = []
         self._store_rows: torch.Tensor | None = None
         # A captured step needs one static decode group (no length-dependent split): graph runners
         # turn this off.
@@ -160,7 +164,7 @@ class TorchAttentionBackend(AttentionBackend):
         qsl = meta.query_start_loc_cpu.numpy().astype(np.int64)
         seq_lens = meta.seq_lens_cpu.numpy().astype(np.int64)
         qlens = qsl[1:] - qsl[:-1]
-        self._decode, self._prefill = [], None
+        self._decode, self._prefill = [], []
         self._store_rows = None  # needs the cache's size: computed by the first layer of the step
         if meta.is_decode_only:
             groups = self._length_groups(seq_lens)
@@ -175,7 +179,9 @@ class TorchAttentionBackend(AttentionBackend):
             self._decode = [self._plan_decode(meta, dec[g], seq_lens[dec[g]], qsl[dec[g]])
                             for g in self._length_groups(seq_lens[dec])]
         if pre.size:
-            self._prefill = self._plan_prefill(meta, pre, qsl, seq_lens)
+            qlens_pre = qlens[pre]
+            self._prefill = [self._plan_prefill(meta, pre[g], qsl, seq_lens)
+                             for g in self._prefill_groups(qlens_pre, seq_lens[pre])]
 
     def plan_static(self, meta: AttentionMetadata) -> None:
         """The capturable plan of a graph step: block tables at their full width, masks from seq_lens,
@@ -188,7 +194,7 @@ class TorchAttentionBackend(AttentionBackend):
         lens, q_len = meta.seq_lens, meta.max_query_len
         key_pos = torch.arange(meta.block_tables.shape[1] * self.block_size, device=lens.device)
         rows = gather_rows(meta.block_tables, self.block_size)
-        self._prefill, self._store_rows = None, None
+        self._prefill, self._store_rows = [], None
         if q_len == 1:
             key_mask = (key_pos[None, :] < lens.clamp(min=1)[:, None])[:, None, None, :]
             row_valid = (lens > 0).to(self.dtype)[:, None, None]
@@ -202,7 +208,7 @@ class TorchAttentionBackend(AttentionBackend):
         group = self.num_q_heads // self.num_kv_heads
         mask = allowed.repeat_interleave(group, dim=1)[:, None]  # row i * G + g
         self._decode = []
-        self._prefill = _PrefillGroup(None, None, n, q_len, rows, mask)
+        self._prefill = [_PrefillGroup(None, None, n, q_len, rows, mask)]
 
     def _columns(self, max_len: int) -> int:
         return max(1, -(-int(max_len) // self.block_size))
@@ -218,6 +224,24 @@ class TorchAttentionBackend(AttentionBackend):
         groups = np.array_split(order, k)
         padded = sum(len(g) * self._columns(seq_lens[g].max()) for g in groups)
         if padded > 0.75 * n * self._columns(seq_lens.max()):
+            return [np.arange(n)]
+        return groups
+
+    def _prefill_groups(self, qlens: np.ndarray, seq_lens: np.ndarray) -> list[np.ndarray]:
+        """Indices into the prefill sequences, one array per group: all of them, or runs of the order by
+        length when padding each run to its own longest query and context cuts the padded attention
+        (sequences x queries x keys) by a quarter or more. Prompts admitted together have very different
+        lengths (on ShareGPT-like lengths one padded group computed about five times the real scores)."""
+        n = len(qlens)
+        k = min(self.MAX_PREFILL_GROUPS, n // self.MIN_GROUP_SIZE_PREFILL)
+        if k < 2:
+            return [np.arange(n)]
+        order = np.argsort(seq_lens, kind="stable")
+        groups = np.array_split(order, k)
+
+        def cost(g):
+            return len(g) * int(qlens[g].max()) * self._columns(seq_lens[g].max())
+        if sum(cost(g) for g in groups) > 0.75 * cost(np.arange(n)):
             return [np.arange(n)]
         return groups
 
@@ -267,11 +291,12 @@ class TorchAttentionBackend(AttentionBackend):
         if self._store_rows is None:
             self._store_rows = slot_rows(meta.slot_mapping, kv_cache)
         store_kv_padded(k, v, kv_cache, meta.slot_mapping, self._store_rows)
-        dec, pre = self._decode, self._prefill
+        dec, pres = self._decode, self._prefill
         if len(dec) == 1 and dec[0].token_rows is None:
             g = dec[0]
             return paged_decode_vectorized(q, kv_cache, g.k_rows, g.key_mask, g.row_valid, self.scale)
-        if pre is not None and pre.token_rows is None:  # uniform queries, in order (no decode rows)
+        if len(pres) == 1 and pres[0].token_rows is None:  # uniform queries, in order, no decode rows
+            pre = pres[0]
             o = paged_prefill_vectorized(q.view(pre.num_seqs, pre.max_q, *q.shape[1:]), kv_cache,
                                          pre.k_rows, pre.mask, self.scale)
             return o.reshape(q.shape)
@@ -279,7 +304,7 @@ class TorchAttentionBackend(AttentionBackend):
         for g in dec:
             out[g.token_rows] = paged_decode_vectorized(
                 q[g.token_rows], kv_cache, g.k_rows, g.key_mask, g.row_valid, self.scale)
-        if pre is not None:
+        for pre in pres:
             q_pad = q.new_zeros(pre.num_seqs * pre.max_q, *q.shape[1:])
             q_pad[pre.padded_rows] = q[pre.token_rows]
             o = paged_prefill_vectorized(q_pad.view(pre.num_seqs, pre.max_q, *q.shape[1:]), kv_cache,
