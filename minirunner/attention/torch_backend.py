@@ -153,6 +153,9 @@ class TorchAttentionBackend(AttentionBackend):
         self._decode: list[_DecodeGroup] = []
         self._prefill: list[_PrefillGroup] = []
         self._store_rows: torch.Tensor | None = None
+        self._decode_rows: torch.Tensor | None = None  # set when there are several decode groups
+        self._decode_bounds: list[int] = []
+        self._decode_inverse: torch.Tensor | None = None
         # A captured step needs one static decode group (no length-dependent split): graph runners
         # turn this off.
         self.split_decode_by_length = True
@@ -172,12 +175,15 @@ class TorchAttentionBackend(AttentionBackend):
                 self._decode = [self._plan_decode(meta, None, seq_lens, None)]
             else:
                 self._decode = [self._plan_decode(meta, g, seq_lens[g], g) for g in groups]
+                self._plan_decode_order(groups, groups, meta, inverse=True)
             return
         dec = np.flatnonzero((qlens == 1) & (seq_lens > 0))
         pre = np.flatnonzero((qlens > 1) & (seq_lens > 0))
         if dec.size:
+            groups = self._length_groups(seq_lens[dec])
             self._decode = [self._plan_decode(meta, dec[g], seq_lens[dec[g]], qsl[dec[g]])
-                            for g in self._length_groups(seq_lens[dec])]
+                            for g in groups]
+            self._plan_decode_order(groups, [qsl[dec[g]] for g in groups], meta, inverse=False)
         if pre.size:
             qlens_pre = qlens[pre]
             self._prefill = [self._plan_prefill(meta, pre[g], qsl, seq_lens)
@@ -245,6 +251,18 @@ class TorchAttentionBackend(AttentionBackend):
             return [np.arange(n)]
         return groups
 
+    def _plan_decode_order(self, groups, token_rows, meta: AttentionMetadata, inverse: bool) -> None:
+        """The decode rows in group order (each group a contiguous slice of it, so a layer gathers q and
+        places the outputs once for all groups), and, for a decode-only step (a permutation of all
+        rows), its inverse."""
+        dev = meta.seq_lens.device
+        order = np.concatenate(token_rows)
+        self._decode_rows = torch.from_numpy(order).to(dev)
+        self._decode_bounds = np.cumsum([0] + [len(g) for g in groups]).tolist()
+        self._decode_inverse = None
+        if inverse:
+            self._decode_inverse = torch.from_numpy(np.argsort(order, kind="stable")).to(dev)
+
     def _plan_decode(self, meta: AttentionMetadata, idx: np.ndarray | None, seq_lens: np.ndarray,
                      rows: np.ndarray | None) -> _DecodeGroup:
         dev = meta.seq_lens.device
@@ -300,10 +318,16 @@ class TorchAttentionBackend(AttentionBackend):
             o = paged_prefill_vectorized(q.view(pre.num_seqs, pre.max_q, *q.shape[1:]), kv_cache,
                                          pre.k_rows, pre.mask, self.scale)
             return o.reshape(q.shape)
+        if dec:  # length groups: q gathered once in group order, each group a slice of it
+            qs, b = q.index_select(0, self._decode_rows), self._decode_bounds
+            outs = torch.cat([paged_decode_vectorized(qs[b[i]:b[i + 1]], kv_cache, g.k_rows, g.key_mask,
+                                                      g.row_valid, self.scale)
+                              for i, g in enumerate(dec)])
+            if not pres:  # a decode-only step: the groups hold every row
+                return outs.index_select(0, self._decode_inverse)
         out = torch.zeros_like(q)
-        for g in dec:
-            out[g.token_rows] = paged_decode_vectorized(
-                q[g.token_rows], kv_cache, g.k_rows, g.key_mask, g.row_valid, self.scale)
+        if dec:
+            out.index_copy_(0, self._decode_rows, outs)
         for pre in pres:
             q_pad = q.new_zeros(pre.num_seqs * pre.max_q, *q.shape[1:])
             q_pad[pre.padded_rows] = q[pre.token_rows]
