@@ -350,9 +350,7 @@ class ModelRunner:
         graph = self.graph_bucket(scheduled)
         if graph is not None and graph[1] == 1:
             self.prepare_inputs(scheduled, kv, graph[0])
-            _, logits = self.graphs.run(graph[0], "greedy")
-            self.last_step = StepGraphInfo(self.graphs.mode, graph[0], graph[0] - len(scheduled))
-            return logits[:len(scheduled)].clone()
+            return self._replay(graph[0], "greedy", len(scheduled))[1]
         self.last_step = StepGraphInfo()
         inputs = self.prepare_inputs(scheduled, kv)
         hidden = self.run_model(inputs)
@@ -371,11 +369,7 @@ class ModelRunner:
         if bucket is not None and query_len > 1:
             return self._replay_verify(bucket, query_len, inputs, draft_probs)
         if bucket is not None:
-            n = len(scheduled)
-            tokens, logits = self.graphs.run(bucket, self.sampler_kind(inputs.sample_rows))
-            self.last_step = StepGraphInfo(self.graphs.mode, bucket, bucket - n)
-            # The replay's outputs are overwritten by the next replay: the logits are copied out.
-            tokens, logits = tokens[:n], logits[:n].clone()
+            tokens, logits = self._replay(bucket, self.sampler_kind(inputs.sample_rows), len(scheduled))
             self.last_prompt_logprobs = {}
             self._score_logprobs(logits, tokens, inputs)
             return [[t] for t in self.postprocess(tokens)], logits
@@ -393,6 +387,14 @@ class ModelRunner:
         self._score_logprobs(logits, tokens, inputs)
         return [[t] for t in self.postprocess(tokens)], logits
 
+    def _replay(self, bucket: int, kind: str, n: int, query_len: int = 1):
+        """Replay bucket ``bucket``'s step of ``kind`` for a batch of ``n`` requests: (its first n rows
+        of tokens or runs, the logits of their n * query_len token rows, copied out: the next replay
+        overwrites its outputs)."""
+        out, logits = self.graphs.run(bucket, kind, query_len)
+        self.last_step = StepGraphInfo(self.graphs.mode, bucket, bucket - n)
+        return out[:n], logits[:n * query_len].clone()
+
     def _replay_verify(self, bucket: int, query_len: int, inputs: StepInputs,
                        draft_probs: torch.Tensor | None) -> tuple[list[list[int]], torch.Tensor]:
         """A uniform verify step as one replay: the drafts' q goes to the static buffer, the graph runs
@@ -402,11 +404,9 @@ class ModelRunner:
         if draft_probs is not None:
             self.graphs.draft_probs_buffer()[:n * k].copy_(draft_probs)
         kind = "verify" if draft_probs is not None else "verify_onehot"
-        runs, logits = self.graphs.run(bucket, kind, query_len)
-        self.last_step = StepGraphInfo(self.graphs.mode, bucket, bucket - n)
+        runs, logits = self._replay(bucket, kind, n, query_len)
         self.last_prompt_logprobs, self.last_logprobs = {}, None
-        logits = logits[:n * query_len].clone()  # the next replay overwrites its outputs
-        return [[t for t in row if t >= 0] for row in self.postprocess(runs[:n])], logits
+        return [[t for t in row if t >= 0] for row in self.postprocess(runs)], logits
 
     def _score_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, inputs: StepInputs) -> None:
         k = max((r.params.logprobs for r in inputs.sample_requests if r.params.logprobs is not None),

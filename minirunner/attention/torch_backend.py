@@ -109,10 +109,9 @@ def paged_prefill_vectorized(q_pad: torch.Tensor, kv_cache: torch.Tensor, k_rows
 
 @dataclass(slots=True)
 class _DecodeGroup:
-    """Sequences with one query token: their token rows, block-table rows, key mask."""
+    """Sequences with one query token: their block-table rows and key mask (which rows of q they are:
+    the backend's ``_decode_rows``)."""
 
-    seq_idx: torch.Tensor | None  # int64 [n] into the batch's sequences (None = all, in order)
-    token_rows: torch.Tensor | None  # int64 [n] rows of q (None = all rows, in order)
     k_rows: torch.Tensor  # int64 [2, n, L]: cache rows of each sequence's K and V slots (gather_rows)
     key_mask: torch.Tensor
     row_valid: torch.Tensor | None
@@ -153,7 +152,9 @@ class TorchAttentionBackend(AttentionBackend):
         self._decode: list[_DecodeGroup] = []
         self._prefill: list[_PrefillGroup] = []
         self._store_rows: torch.Tensor | None = None
-        self._decode_rows: torch.Tensor | None = None  # set when there are several decode groups
+        # The decode rows in group order, when they are not the whole batch in order (several length
+        # groups, or decode rows beside prefill rows); None: q is the one decode group as it stands.
+        self._decode_rows: torch.Tensor | None = None
         self._decode_bounds: list[int] = []
         self._decode_inverse: torch.Tensor | None = None
         # A captured step needs one static decode group (no length-dependent split): graph runners
@@ -167,27 +168,25 @@ class TorchAttentionBackend(AttentionBackend):
         qsl = meta.query_start_loc_cpu.numpy().astype(np.int64)
         seq_lens = meta.seq_lens_cpu.numpy().astype(np.int64)
         qlens = qsl[1:] - qsl[:-1]
-        self._decode, self._prefill = [], []
+        self._decode, self._prefill, self._decode_rows = [], [], None
         self._store_rows = None  # needs the cache's size: computed by the first layer of the step
         if meta.is_decode_only:
             groups = self._length_groups(seq_lens)
             if len(groups) == 1:  # the whole batch in order: no gather of q, no scatter of outputs
-                self._decode = [self._plan_decode(meta, None, seq_lens, None)]
+                self._decode = [self._plan_decode(meta, None, seq_lens)]
             else:
-                self._decode = [self._plan_decode(meta, g, seq_lens[g], g) for g in groups]
-                self._plan_decode_order(groups, groups, meta, inverse=True)
+                self._decode = [self._plan_decode(meta, g, seq_lens[g]) for g in groups]
+                self._plan_decode_order(groups, meta, inverse=True)
             return
         dec = np.flatnonzero((qlens == 1) & (seq_lens > 0))
         pre = np.flatnonzero((qlens > 1) & (seq_lens > 0))
         if dec.size:
             groups = self._length_groups(seq_lens[dec])
-            self._decode = [self._plan_decode(meta, dec[g], seq_lens[dec[g]], qsl[dec[g]])
-                            for g in groups]
-            self._plan_decode_order(groups, [qsl[dec[g]] for g in groups], meta, inverse=False)
+            self._decode = [self._plan_decode(meta, dec[g], seq_lens[dec[g]]) for g in groups]
+            self._plan_decode_order([qsl[dec[g]] for g in groups], meta, inverse=False)
         if pre.size:
-            qlens_pre = qlens[pre]
             self._prefill = [self._plan_prefill(meta, pre[g], qsl, seq_lens)
-                             for g in self._prefill_groups(qlens_pre, seq_lens[pre])]
+                             for g in self._length_groups(seq_lens[pre], qlens[pre])]
 
     def plan_static(self, meta: AttentionMetadata) -> None:
         """The capturable plan of a graph step: block tables at their full width, masks from seq_lens,
@@ -200,11 +199,11 @@ class TorchAttentionBackend(AttentionBackend):
         lens, q_len = meta.seq_lens, meta.max_query_len
         key_pos = torch.arange(meta.block_tables.shape[1] * self.block_size, device=lens.device)
         rows = gather_rows(meta.block_tables, self.block_size)
-        self._prefill, self._store_rows = [], None
+        self._prefill, self._store_rows, self._decode_rows = [], None, None
         if q_len == 1:
             key_mask = (key_pos[None, :] < lens.clamp(min=1)[:, None])[:, None, None, :]
             row_valid = (lens > 0).to(self.dtype)[:, None, None]
-            self._decode = [_DecodeGroup(None, None, rows, key_mask, row_valid)]
+            self._decode = [_DecodeGroup(rows, key_mask, row_valid)]
             return
         n = lens.shape[0]
         # Query i of a sequence sits at position seq_len - q_len + i; a padding row (seq_len 0) sees key
@@ -219,60 +218,52 @@ class TorchAttentionBackend(AttentionBackend):
     def _columns(self, max_len: int) -> int:
         return max(1, -(-int(max_len) // self.block_size))
 
-    def _length_groups(self, seq_lens: np.ndarray) -> list[np.ndarray]:
+    def _length_groups(self, seq_lens: np.ndarray,
+                       query_lens: np.ndarray | None = None) -> list[np.ndarray]:
         """Indices into seq_lens, one array per group: all of them in order, or consecutive runs of the
-        length-sorted order when padding each run to its own longest saves enough gathering."""
+        length-sorted order when padding each run to its own longest cuts the padded attention work
+        (sequences x queries x keys) by a quarter or more. Decode rows (``query_lens`` None: one query
+        each): the K/V gathered. Prefill rows: prompts admitted together have very different lengths
+        (on ShareGPT-like lengths one padded group computed about five times the real scores)."""
         n = len(seq_lens)
-        k = min(self.MAX_DECODE_GROUPS, n // self.MIN_GROUP_SIZE)
-        if not self.split_decode_by_length or k < 2:
-            return [np.arange(n)]
-        order = np.argsort(seq_lens, kind="stable")
-        groups = np.array_split(order, k)
-        padded = sum(len(g) * self._columns(seq_lens[g].max()) for g in groups)
-        if padded > 0.75 * n * self._columns(seq_lens.max()):
-            return [np.arange(n)]
-        return groups
-
-    def _prefill_groups(self, qlens: np.ndarray, seq_lens: np.ndarray) -> list[np.ndarray]:
-        """Indices into the prefill sequences, one array per group: all of them, or runs of the order by
-        length when padding each run to its own longest query and context cuts the padded attention
-        (sequences x queries x keys) by a quarter or more. Prompts admitted together have very different
-        lengths (on ShareGPT-like lengths one padded group computed about five times the real scores)."""
-        n = len(qlens)
-        k = min(self.MAX_PREFILL_GROUPS, n // self.MIN_GROUP_SIZE_PREFILL)
+        if query_lens is None:
+            if not self.split_decode_by_length:
+                return [np.arange(n)]
+            k = min(self.MAX_DECODE_GROUPS, n // self.MIN_GROUP_SIZE)
+            query_lens = np.ones(n, dtype=np.int64)
+        else:
+            k = min(self.MAX_PREFILL_GROUPS, n // self.MIN_GROUP_SIZE_PREFILL)
         if k < 2:
             return [np.arange(n)]
-        order = np.argsort(seq_lens, kind="stable")
-        groups = np.array_split(order, k)
+        groups = np.array_split(np.argsort(seq_lens, kind="stable"), k)
 
         def cost(g):
-            return len(g) * int(qlens[g].max()) * self._columns(seq_lens[g].max())
+            return len(g) * int(query_lens[g].max()) * self._columns(seq_lens[g].max())
         if sum(cost(g) for g in groups) > 0.75 * cost(np.arange(n)):
             return [np.arange(n)]
         return groups
 
-    def _plan_decode_order(self, groups, token_rows, meta: AttentionMetadata, inverse: bool) -> None:
-        """The decode rows in group order (each group a contiguous slice of it, so a layer gathers q and
-        places the outputs once for all groups), and, for a decode-only step (a permutation of all
+    def _plan_decode_order(self, token_rows: list[np.ndarray], meta: AttentionMetadata,
+                           inverse: bool) -> None:
+        """The decode rows of q, group after group (each group a contiguous slice, so a layer gathers q
+        and places the outputs once for all groups), and, for a decode-only step (a permutation of all
         rows), its inverse."""
         dev = meta.seq_lens.device
         order = np.concatenate(token_rows)
         self._decode_rows = torch.from_numpy(order).to(dev)
-        self._decode_bounds = np.cumsum([0] + [len(g) for g in groups]).tolist()
+        self._decode_bounds = np.cumsum([0] + [len(t) for t in token_rows]).tolist()
         self._decode_inverse = None
         if inverse:
             self._decode_inverse = torch.from_numpy(np.argsort(order, kind="stable")).to(dev)
 
-    def _plan_decode(self, meta: AttentionMetadata, idx: np.ndarray | None, seq_lens: np.ndarray,
-                     rows: np.ndarray | None) -> _DecodeGroup:
+    def _plan_decode(self, meta: AttentionMetadata, idx: np.ndarray | None,
+                     seq_lens: np.ndarray) -> _DecodeGroup:
         dev = meta.seq_lens.device
         nb = self._columns(seq_lens.max(initial=1))
         if idx is None:
             tables, lens = meta.block_tables[:, :nb], meta.seq_lens
-            seq_idx = token_rows = None
         else:
             seq_idx = torch.from_numpy(idx).to(dev)
-            token_rows = torch.from_numpy(rows).to(dev)
             tables, lens = meta.block_tables[seq_idx, :nb], meta.seq_lens[seq_idx]
         key_pos = torch.arange(nb * self.block_size, device=dev)
         # A padding row (seq_len 0) attends to key 0 so softmax stays finite; its output is zeroed.
@@ -280,7 +271,7 @@ class TorchAttentionBackend(AttentionBackend):
         row_valid = None
         if (seq_lens == 0).any():
             row_valid = (lens > 0).to(self.dtype)[:, None, None]
-        return _DecodeGroup(seq_idx, token_rows, gather_rows(tables, self.block_size), key_mask, row_valid)
+        return _DecodeGroup(gather_rows(tables, self.block_size), key_mask, row_valid)
 
     def _plan_prefill(self, meta: AttentionMetadata, idx: np.ndarray, qsl: np.ndarray,
                       seq_lens: np.ndarray) -> _PrefillGroup:
@@ -310,7 +301,7 @@ class TorchAttentionBackend(AttentionBackend):
             self._store_rows = slot_rows(meta.slot_mapping, kv_cache)
         store_kv_padded(k, v, kv_cache, meta.slot_mapping, self._store_rows)
         dec, pres = self._decode, self._prefill
-        if len(dec) == 1 and dec[0].token_rows is None:
+        if len(dec) == 1 and self._decode_rows is None:
             g = dec[0]
             return paged_decode_vectorized(q, kv_cache, g.k_rows, g.key_mask, g.row_valid, self.scale)
         if len(pres) == 1 and pres[0].token_rows is None:  # uniform queries, in order, no decode rows

@@ -45,8 +45,7 @@ class FusedLinear:
     __slots__ = ("weight", "weight_t", "bias")
 
     def __init__(self, layers: list[nn.Linear]):
-        self.weight = torch.cat([m.weight for m in layers]) if len(layers) > 1 else layers[0].weight
-        self.weight = self.weight.detach().contiguous()
+        self.weight = torch.cat([m.weight.detach() for m in layers]).contiguous()
         self.weight_t = self.weight.t().contiguous() if self.weight.device.type == "cpu" else None
         biases = [m.bias for m in layers]
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
