@@ -176,6 +176,12 @@ class ModelRunner:
         self._put_rows(self.block_tables, start, np.zeros((n, self.max_blocks_per_seq), np.int32))
         self._put(self.query_start_loc, np.arange(end + 1, dtype=np.int32) * q)
 
+    def _put_tables(self, tables: np.ndarray) -> torch.Tensor:
+        """Write an eager step's block-table rows (only the columns it reaches); returns their host copy,
+        which the backends plan from without reading the device."""
+        self._put(self.block_tables, tables)
+        return self._host[self.block_tables.data_ptr()][0][:tables.shape[0], :tables.shape[1]]
+
     def _put_rows(self, buf: torch.Tensor, start: int, arr: np.ndarray) -> None:
         """Write a host array into rows [start, start + len(arr)) of a static buffer."""
         host, host_np = self._host[buf.data_ptr()]
@@ -234,8 +240,9 @@ class ModelRunner:
         logits_rows = np.repeat(qsl[1:][samples] - width, width) \
             + np.arange(int(width.sum())) - np.repeat(np.cumsum(width) - width, width)
         sample_positions = (seq_lens[samples] - d).astype(np.int64)  # of the first token sampled
+        tables_cpu = None
         if bucket is None:
-            self._put(self.block_tables, state.block_tables[rows, :-(-max_seq_len // B)])
+            tables_cpu = self._put_tables(state.block_tables[rows, :-(-max_seq_len // B)])
         else:  # every request samples: the padded rows follow the batch's
             ids, positions, slots, seq_lens, qsl, sample_positions = self._pad_uniform(
                 ids, positions, slots, seq_lens, sample_positions, rows, bucket, query_len)
@@ -251,6 +258,7 @@ class ModelRunner:
             max_query_len=int(qlens.max()),
             max_seq_len=max_seq_len,
             block_size=B,
+            block_tables_cpu=tables_cpu,
         )
         return StepInputs(
             input_ids=self._put(self.input_ids, ids),
@@ -262,6 +270,44 @@ class ModelRunner:
             draft_token_ids=np.asarray(drafts, dtype=np.int64),
             num_drafts=d,
         )
+
+    def prepare_next_decode(self, prev: StepInputs, tokens: torch.Tensor,
+                            scheduled: list[ScheduledRequest], kv: KVCacheManager) -> StepInputs:
+        """``prepare_inputs`` for the pass right after the eager pass ``prev`` in which every request of
+        ``scheduled`` sampled, when each now feeds the one token it just sampled (``tokens``: int64
+        [num_requests] on the device, e.g. the draft's argmax) and samples again: the draft proposer's
+        passes 1..k-1. As vLLM's EAGLE proposer does, positions and seq_lens move on by one and the slots
+        come from the block tables (new block ids written first); the tokens go device to device, never
+        through the host, and the per-request bookkeeping of ``prepare_inputs`` is skipped."""
+        state, B = self.state, self.block_size
+        for s in scheduled:
+            state.sync(s.request, kv.table(s.request.request_id))
+        rows, n = prev.sample_rows, len(scheduled)
+        positions = prev.meta.seq_lens_cpu.numpy().astype(np.int64)  # each new token's position
+        seq_lens = (positions + 1).astype(np.int32)
+        slots = state.block_tables[rows, positions // B].astype(np.int64) * B + positions % B
+        qsl = np.arange(n + 1, dtype=np.int32)
+        max_seq_len = int(seq_lens.max())
+        tables_cpu = self._put_tables(state.block_tables[rows, :-(-max_seq_len // B)])
+        input_ids = self.input_ids[:n]
+        input_ids.copy_(tokens)
+        meta = AttentionMetadata(
+            positions=self._put(self.positions, positions),
+            slot_mapping=self._put(self.slot_mapping, slots),
+            query_start_loc=self._put(self.query_start_loc, qsl),
+            seq_lens=self._put(self.seq_lens, seq_lens),
+            block_tables=self.block_tables[:n],
+            query_start_loc_cpu=torch.from_numpy(qsl),
+            seq_lens_cpu=torch.from_numpy(seq_lens),
+            max_query_len=1, max_seq_len=max_seq_len, block_size=B, block_tables_cpu=tables_cpu)
+        return StepInputs(
+            input_ids=input_ids, meta=meta,
+            logits_indices=self._put(self.logits_indices, np.arange(n, dtype=np.int64)),
+            sample_rows=rows,
+            sample_positions=self._put(self.sample_positions, seq_lens.astype(np.int64)),
+            sample_requests=prev.sample_requests,
+            draft_token_ids=np.zeros(0, dtype=np.int64),
+            num_drafts=np.zeros(n, dtype=np.int64))
 
     def _pad_uniform(self, ids, positions, slots, seq_lens, sample_positions, rows: np.ndarray,
                      bucket: int, query_len: int):
@@ -317,6 +363,9 @@ class ModelRunner:
 
     def compute_logits(self, hidden: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
         """fp32 logits [num_sampling, vocab] for the rows that sample only."""
+        if inputs.logits_indices.shape[0] == hidden.shape[0]:
+            # every row samples: the indices (ascending, distinct, < num_tokens) are 0..n-1
+            return self.model.compute_logits(hidden)
         return self.model.compute_logits(hidden[inputs.logits_indices])
 
     def sample(self, logits: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
@@ -343,18 +392,22 @@ class ModelRunner:
         return tokens.tolist()
 
     @torch.inference_mode()
-    def forward_logits(self, scheduled: list[ScheduledRequest], kv: KVCacheManager) -> torch.Tensor | None:
-        """prepare_inputs -> run_model -> compute_logits with no sampling: the fp32 logits of the rows
-        that sample, or None. The draft proposer samples its tokens itself. A decode batch that fits a
-        bucket replays its greedy graph step (its argmax is not used)."""
+    def forward_logits(self, scheduled: list[ScheduledRequest], kv: KVCacheManager,
+                       after: tuple[StepInputs, torch.Tensor] | None = None):
+        """prepare_inputs -> run_model -> compute_logits with no sampling: (the fp32 logits of the rows
+        that sample, or None; the step's inputs, None for a graph step). The draft proposer samples its
+        tokens itself. A decode batch that fits a bucket replays its greedy graph step (its argmax is not
+        used). ``after``: (the inputs of the previous eager pass, the tokens it sampled) when this pass
+        feeds exactly those tokens (:meth:`prepare_next_decode`)."""
         graph = self.graph_bucket(scheduled)
         if graph is not None and graph[1] == 1:
             self.prepare_inputs(scheduled, kv, graph[0])
-            return self._replay(graph[0], "greedy", len(scheduled))[1]
+            return self._replay(graph[0], "greedy", len(scheduled))[1], None
         self.last_step = StepGraphInfo()
-        inputs = self.prepare_inputs(scheduled, kv)
+        inputs = self.prepare_inputs(scheduled, kv) if after is None else \
+            self.prepare_next_decode(*after, scheduled, kv)
         hidden = self.run_model(inputs)
-        return self.compute_logits(hidden, inputs) if len(inputs.sample_rows) else None
+        return (self.compute_logits(hidden, inputs) if len(inputs.sample_rows) else None), inputs
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledRequest], kv: KVCacheManager,

@@ -20,10 +20,11 @@ from tests.tiny_models import make_tiny_model
 # Operators each fixed part dispatches, derived by reading minirunner/model/*.py (not by running it), in
 # float32 (the CPU default):
 #  RMSNorm: one fused F.rms_norm -> 1.
-#  Attention.forward's own: fused q/k/v linear, view, two slices (qk, v) -> 4; with q/k norm, two slices
-#    and a cat around the two norm modules -> 3; apply_rotary on q and k together: mul, roll, mul, add
-#    -> 4; the backend's q and k slices -> 2; out.reshape (a view) and the o linear -> 2.
-#    So 15 with q/k norm, 12 without. (q_proj ... o_proj are views of fused weights, never called.)
+#  Attention.forward's own: fused q/k/v linear, view, two slices (qk, v) -> 4; with q/k norm, one
+#    rms_norm over the q and k heads and the mul by their stacked weights -> 2 (the q_norm / k_norm
+#    modules hold the weights but are never called); apply_rotary on q and k together: mul, roll, mul,
+#    add -> 4; the backend's q and k slices -> 2; out.reshape (a view) and the o linear -> 2.
+#    So 14 with q/k norm, 12 without. (q_proj ... o_proj are views of fused weights, never called.)
 #  MLP's own: fused gate/up linear, chunk, silu, mul, down linear -> 5; DecoderLayer's own: two adds.
 #  RotaryEmbedding (once per step): positions.float() (to), [:, None] (unsqueeze), inv_freq[None, :]
 #    (unsqueeze), mul, cos, to, sin, to, cat(cos, cos), [:, None, :] (unsqueeze; full slices dispatch
@@ -31,8 +32,7 @@ from tests.tiny_models import make_tiny_model
 #  embed_tokens: one embedding; lm_head: one linear (its .float() runs outside any module).
 RMSNORM = 1
 PER_MODULE = {"input_layernorm": RMSNORM, "post_attention_layernorm": RMSNORM, "mlp": 5, "": 2}
-ATTN_OWN = {"qwen3": 15, "llama": 12}
-QK_NORM = {"self_attn.q_norm": RMSNORM, "self_attn.k_norm": RMSNORM}
+ATTN_OWN = {"qwen3": 14, "llama": 12}
 ONCE = {"model.embed_tokens": 1, "rotary": 13, "model.norm": RMSNORM, "lm_head": 1}
 
 
@@ -48,7 +48,7 @@ def tiny(request, tmp_path_factory):
 
 
 def _expected(name: str, num_layers: int = 2) -> dict[str, int]:
-    per_layer = {**PER_MODULE, "self_attn": ATTN_OWN[name], **(QK_NORM if name == "qwen3" else {})}
+    per_layer = {**PER_MODULE, "self_attn": ATTN_OWN[name]}
     out = dict(ONCE)
     for i in range(num_layers):
         for mod, n in per_layer.items():

@@ -51,11 +51,13 @@ class FlashInferAttentionBackend(AttentionBackend):
     def plan(self, meta: AttentionMetadata) -> None:
         """Build the page table on the host and plan the wrapper this step will use.
 
-        One device-to-host copy of the block tables per step (plan() is outside any graph). Padding
+        Reads the runner's host copy of the block tables (a device-to-host copy only where the metadata
+        lacks one; plan() is outside any graph). Padding
         rows (seq_len 0) are planned over one token of block 0 so every row is a valid read; their
         outputs are zeroed in forward(), as the torch backend's are.
         """
-        block_tables = meta.block_tables.cpu()
+        block_tables = meta.block_tables_cpu if meta.block_tables_cpu is not None \
+            else meta.block_tables.cpu()
         seq_lens = meta.seq_lens_cpu.to(torch.int32).clamp(min=1)
         indptr, indices, last_page_len = block_tables_to_csr(block_tables, seq_lens, self.block_size)
         kw = dict(q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale)

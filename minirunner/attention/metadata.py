@@ -23,7 +23,8 @@ class AttentionMetadata:
       seq_lens: int32 [num_seqs], tokens of sequence i including this step's queries (0 = padding row).
       block_tables: int32 [num_seqs, max_blocks_per_seq], physical block of each logical block.
     Host copies (CPU int32) of query_start_loc and seq_lens, for plan()-style backends that must not sync;
-    block_tables_cpu, the host copy of block_tables, is set for graph steps only (FlashInfer's replay plan).
+    block_tables_cpu, the host copy of block_tables (an eager step's: only the columns its longest sequence
+    reaches), for the same backends; None where a caller built the metadata without it.
     """
 
     positions: torch.Tensor

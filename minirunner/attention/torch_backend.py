@@ -256,22 +256,33 @@ class TorchAttentionBackend(AttentionBackend):
         if inverse:
             self._decode_inverse = torch.from_numpy(np.argsort(order, kind="stable")).to(dev)
 
+    def _host_tables(self, meta: AttentionMetadata) -> np.ndarray:
+        """The step's block tables on the host: the runner's copy (no device read), else one copy."""
+        tables = meta.block_tables_cpu if meta.block_tables_cpu is not None else meta.block_tables.cpu()
+        return tables.numpy()
+
+    def _gather_rows_host(self, tables: np.ndarray, dev: torch.device) -> torch.Tensor:
+        """:func:`gather_rows` computed on the host (numpy: a few microseconds, where each torch operator
+        costs more than that on a CPU) and moved once."""
+        bs = self.block_size
+        k_rows = (tables.astype(np.int64)[:, :, None] * (2 * bs) + np.arange(bs)).reshape(len(tables), -1)
+        return torch.from_numpy(np.stack((k_rows, k_rows + bs))).to(dev)
+
     def _plan_decode(self, meta: AttentionMetadata, idx: np.ndarray | None,
                      seq_lens: np.ndarray) -> _DecodeGroup:
+        """Indices and masks of one decode group, built on the host from the host copies (the group's
+        rows of the batch: ``idx``, None for all of them in order; their ``seq_lens``)."""
         dev = meta.seq_lens.device
         nb = self._columns(seq_lens.max(initial=1))
-        if idx is None:
-            tables, lens = meta.block_tables[:, :nb], meta.seq_lens
-        else:
-            seq_idx = torch.from_numpy(idx).to(dev)
-            tables, lens = meta.block_tables[seq_idx, :nb], meta.seq_lens[seq_idx]
-        key_pos = torch.arange(nb * self.block_size, device=dev)
+        tables = self._host_tables(meta)
+        tables = tables[:, :nb] if idx is None else tables[idx, :nb]
         # A padding row (seq_len 0) attends to key 0 so softmax stays finite; its output is zeroed.
-        key_mask = (key_pos[None, :] < lens.clamp(min=1)[:, None])[:, None, None, :]
+        key_mask = np.arange(nb * self.block_size)[None, :] < np.maximum(seq_lens, 1)[:, None]
         row_valid = None
         if (seq_lens == 0).any():
-            row_valid = (lens > 0).to(self.dtype)[:, None, None]
-        return _DecodeGroup(gather_rows(tables, self.block_size), key_mask, row_valid)
+            row_valid = torch.from_numpy((seq_lens > 0)[:, None, None]).to(dev, self.dtype)
+        return _DecodeGroup(self._gather_rows_host(tables, dev),
+                            torch.from_numpy(key_mask[:, None, None, :]).to(dev), row_valid)
 
     def _plan_prefill(self, meta: AttentionMetadata, idx: np.ndarray, qsl: np.ndarray,
                       seq_lens: np.ndarray) -> _PrefillGroup:
@@ -290,8 +301,8 @@ class TorchAttentionBackend(AttentionBackend):
         allowed = key_pos[None, None, :] <= q_pos[:, :, None]  # causal; padded rows stay finite
         group = self.num_q_heads // self.num_kv_heads
         mask = np.repeat(allowed, group, axis=1)[:, None]  # row i * G + g
-        tables = meta.block_tables[torch.from_numpy(idx).to(dev), :nb]
-        return _PrefillGroup(*rows, n, max_q, gather_rows(tables, self.block_size),
+        tables = self._host_tables(meta)[idx, :nb]
+        return _PrefillGroup(*rows, n, max_q, self._gather_rows_host(tables, dev),
                              torch.from_numpy(mask).to(dev))
 
     # -- per layer --------------------------------------------------------------------------------

@@ -15,6 +15,20 @@ from minirunner.config import ModelConfig
 from minirunner.model.rope import RotaryEmbedding, apply_rotary
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) over the last dim, times ``weight``: [dim], or any shape that broadcasts
+    against x's trailing dims (one weight row per head: q and k heads normalised in one call)."""
+    dim = x.shape[-1]
+    if x.dtype == torch.float32:  # one fused op; the same math as below
+        if weight.dim() == 1:
+            return F.rms_norm(x, (dim,), weight, eps)
+        return F.rms_norm(x, (dim,), None, eps) * weight
+    dtype = x.dtype  # half precision: normalise in fp32, round, then scale (transformers' order)
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -22,12 +36,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # one fused op; the same math as below
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        dtype = x.dtype  # half precision: normalise in fp32, round, then scale (transformers' order)
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class FusedLinear:
@@ -80,13 +89,20 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.qkv: FusedLinear | None = None  # set by fuse_projections()
         self.o: FusedLinear | None = None
+        self.qk_norm_weight: torch.Tensor | None = None
 
     @torch.no_grad()
     def fuse_projections(self) -> None:
         """One matmul for q, k and v instead of three (vLLM's QKVParallelLinear idea): the weights are
-        concatenated once and q_proj / k_proj / v_proj become views of the fused tensor."""
+        concatenated once and q_proj / k_proj / v_proj become views of the fused tensor. With q/k norm,
+        one weight row per q and k head ([hq + hkv, head_dim]), so the heads normalise in one call
+        (the same values as the two modules: the norm is per head either way)."""
         self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
         self.o = FusedLinear([self.o_proj])
+        if self.q_norm is not None:
+            hq, hkv, d = self.num_q_heads, self.num_kv_heads, self.head_dim
+            self.qk_norm_weight = torch.cat((self.q_norm.weight.detach().expand(hq, d),
+                                             self.k_norm.weight.detach().expand(hkv, d)))
 
     def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata, backend: AttentionBackend):
         n, hq, hkv, d = x.shape[0], self.num_q_heads, self.num_kv_heads, self.head_dim
@@ -95,7 +111,7 @@ class Attention(nn.Module):
         qkv = self.qkv(x).view(n, hq + 2 * hkv, d)
         qk, v = qkv[:, :hq + hkv], qkv[:, hq + hkv:]
         if self.q_norm is not None:
-            qk = torch.cat([self.q_norm(qk[:, :hq]), self.k_norm(qk[:, hq:])], dim=1)
+            qk = rms_norm(qk, self.qk_norm_weight, self.q_norm.eps)
         qk = apply_rotary(qk, cos, sin)  # q and k rotated in one pass
         out = backend.forward(qk[:, :hq], qk[:, hq:], v, kv_cache, meta)
         return self.o(out.reshape(n, -1))

@@ -86,6 +86,7 @@ class DraftModelProposer:
         self.device = config.device
         self.seqs: dict[str, _DraftSeq] = {}
         self.forward_s = 0.0
+        self._chain = None  # (inputs, sampled tokens) of the last pass, while the next may follow it
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def release(self, live_ids: set[str]) -> None:
@@ -118,6 +119,7 @@ class DraftModelProposer:
         with q fp32 [len(tokens), vocab], the distribution each token was drawn from; a request the
         draft pool cannot hold gets no drafts this step."""
         t0 = time.perf_counter()
+        self._chain = None
         seqs = {r.request_id: self._sync(r) for r in requests}
         want = {r.request_id: k for r, k in zip(requests, ks, strict=True) if k > 0}
         by_id = {r.request_id: r for r in requests}
@@ -169,7 +171,11 @@ class DraftModelProposer:
         return left
 
     def _run(self, scheduled: list[ScheduledRequest], by_id, out) -> None:
-        logits = self.runner.forward_logits(scheduled, self.kv)
+        prev, self._chain = self._chain, None
+        follows = prev is not None and len(scheduled) == len(prev[0].sample_requests) and all(
+            s.num_new_tokens == 1 and s.request is r
+            for s, r in zip(scheduled, prev[0].sample_requests, strict=True))
+        logits, inputs = self.runner.forward_logits(scheduled, self.kv, prev if follows else None)
         sampling = [s.request for s in scheduled if s.samples]
         for s in scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
@@ -179,7 +185,9 @@ class DraftModelProposer:
         if all(r.params.temperature <= 0 for r in reqs):
             # Greedy drafts: the argmax, with q one-hot on it (``None`` rows: the rejection sampler's
             # n-gram form). A greedy target never reads q, so no softmax over the vocabulary is paid.
-            for seq, token in zip(sampling, logits.argmax(dim=-1).tolist(), strict=True):
+            tokens = logits.argmax(dim=-1)
+            self._keep_chain(inputs, tokens, scheduled)
+            for seq, token in zip(sampling, tokens.tolist(), strict=True):
                 seq.tokens.append(token)
                 out[seq.request_id][0].append(token)
                 out[seq.request_id][1].append(None)
@@ -192,12 +200,20 @@ class DraftModelProposer:
                              device=dev)
         positions = torch.tensor([seq.num_tokens for seq in sampling], dtype=torch.int64, device=dev)
         sampler = sample if dev.type == "cuda" and HAS_TRITON else sample_ref
-        tokens = sampler(logits, temps, top_k, top_p, seeds, positions).tolist()
+        sampled = sampler(logits, temps, top_k, top_p, seeds, positions)
+        self._keep_chain(inputs, sampled, scheduled)
         q = probs_from_logits(logits, temps, top_k, top_p)
-        for i, (seq, token) in enumerate(zip(sampling, tokens, strict=True)):
+        for i, (seq, token) in enumerate(zip(sampling, sampled.tolist(), strict=True)):
             seq.tokens.append(token)
             out[seq.request_id][0].append(token)
             out[seq.request_id][1].append(q[i])
+
+    def _keep_chain(self, inputs, tokens: torch.Tensor, scheduled: list[ScheduledRequest]) -> None:
+        """Remember an eager pass in which every request sampled: the next pass, feeding each request
+        exactly the token it just drew, prepares its inputs from this one on the device
+        (ModelRunner.prepare_next_decode) instead of from the host's token lists."""
+        if inputs is not None and len(inputs.sample_requests) == len(scheduled):
+            self._chain = (inputs, tokens)
 
 
 def _stack_probs(tokens: list[int], qs: list[torch.Tensor | None], vocab: int) -> torch.Tensor | None:
