@@ -176,11 +176,33 @@ class ModelRunner:
         self._put_rows(self.block_tables, start, np.zeros((n, self.max_blocks_per_seq), np.int32))
         self._put(self.query_start_loc, np.arange(end + 1, dtype=np.int32) * q)
 
-    def _put_tables(self, tables: np.ndarray) -> torch.Tensor:
-        """Write an eager step's block-table rows (only the columns it reaches); returns their host copy,
-        which the backends plan from without reading the device."""
-        self._put(self.block_tables, tables)
-        return self._host[self.block_tables.data_ptr()][0][:tables.shape[0], :tables.shape[1]]
+    def _slots(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """The slot formula (block_table[pos // B] * B + pos % B) for every token at once; rows: each
+        token's state row."""
+        B = self.block_size
+        return self.state.block_tables[rows, positions // B].astype(np.int64) * B + positions % B
+
+    def _put_meta(self, positions, slots, qsl, seq_lens, num_seqs: int, max_query_len: int,
+                  max_seq_len: int, tables_cpu: torch.Tensor | None) -> AttentionMetadata:
+        """Write a step's metadata arrays into their static buffers; the metadata of their views."""
+        return AttentionMetadata(
+            positions=self._put(self.positions, positions),
+            slot_mapping=self._put(self.slot_mapping, slots),
+            query_start_loc=self._put(self.query_start_loc, qsl),
+            seq_lens=self._put(self.seq_lens, seq_lens),
+            block_tables=self.block_tables[:num_seqs],
+            query_start_loc_cpu=torch.from_numpy(qsl),
+            seq_lens_cpu=torch.from_numpy(seq_lens),
+            max_query_len=max_query_len, max_seq_len=max_seq_len, block_size=self.block_size,
+            block_tables_cpu=tables_cpu)
+
+    def _put_tables(self, rows: np.ndarray, max_seq_len: int) -> torch.Tensor:
+        """Write an eager step's block-table rows (state rows ``rows``, only the columns its longest
+        sequence reaches); returns their host copy, which the backends plan from without reading the
+        device."""
+        cols = -(-max_seq_len // self.block_size)
+        self._put(self.block_tables, self.state.block_tables[rows, :cols])
+        return self._host[self.block_tables.data_ptr()][0][:len(rows), :cols]
 
     def _put_rows(self, buf: torch.Tensor, start: int, arr: np.ndarray) -> None:
         """Write a host array into rows [start, start + len(arr)) of a static buffer."""
@@ -204,7 +226,7 @@ class ModelRunner:
         rows, block tables are written at their full width, and the sampling parameters go to their
         static buffers; the returned metadata describes the padded batch."""
         S = len(scheduled)
-        state, B = self.state, self.block_size
+        state = self.state
         rows = np.empty(S, dtype=np.int64)
         qlens = np.empty(S, dtype=np.int64)
         starts = np.empty(S, dtype=np.int64)
@@ -229,9 +251,7 @@ class ModelRunner:
         qsl = np.zeros(S + 1, dtype=np.int32)
         np.cumsum(qlens, out=qsl[1:])
         positions = np.repeat(starts - qsl[:-1], qlens) + np.arange(T)
-        # The slot formula (block_table[pos // B] * B + pos % B) over the whole batch at once.
-        slots = state.block_tables[np.repeat(rows, qlens), positions // B].astype(np.int64) * B \
-            + positions % B
+        slots = self._slots(np.repeat(rows, qlens), positions)
         seq_lens = (starts + qlens).astype(np.int32)
         max_seq_len = int(seq_lens.max())
         # logits_indices: each sampling request's last known token, then each of its drafts
@@ -242,24 +262,13 @@ class ModelRunner:
         sample_positions = (seq_lens[samples] - d).astype(np.int64)  # of the first token sampled
         tables_cpu = None
         if bucket is None:
-            tables_cpu = self._put_tables(state.block_tables[rows, :-(-max_seq_len // B)])
+            tables_cpu = self._put_tables(rows, max_seq_len)
         else:  # every request samples: the padded rows follow the batch's
             ids, positions, slots, seq_lens, qsl, sample_positions = self._pad_uniform(
                 ids, positions, slots, seq_lens, sample_positions, rows, bucket, query_len)
             S = bucket
-        meta = AttentionMetadata(
-            positions=self._put(self.positions, positions),
-            slot_mapping=self._put(self.slot_mapping, slots),
-            query_start_loc=self._put(self.query_start_loc, qsl),
-            seq_lens=self._put(self.seq_lens, seq_lens),
-            block_tables=self.block_tables[:S],
-            query_start_loc_cpu=torch.from_numpy(qsl),
-            seq_lens_cpu=torch.from_numpy(seq_lens),
-            max_query_len=int(qlens.max()),
-            max_seq_len=max_seq_len,
-            block_size=B,
-            block_tables_cpu=tables_cpu,
-        )
+        meta = self._put_meta(positions, slots, qsl, seq_lens, S, int(qlens.max()), max_seq_len,
+                              tables_cpu)
         return StepInputs(
             input_ids=self._put(self.input_ids, ids),
             meta=meta,
@@ -279,27 +288,19 @@ class ModelRunner:
         passes 1..k-1. As vLLM's EAGLE proposer does, positions and seq_lens move on by one and the slots
         come from the block tables (new block ids written first); the tokens go device to device, never
         through the host, and the per-request bookkeeping of ``prepare_inputs`` is skipped."""
-        state, B = self.state, self.block_size
+        state = self.state
         for s in scheduled:
             state.sync(s.request, kv.table(s.request.request_id))
         rows, n = prev.sample_rows, len(scheduled)
         positions = prev.meta.seq_lens_cpu.numpy().astype(np.int64)  # each new token's position
         seq_lens = (positions + 1).astype(np.int32)
-        slots = state.block_tables[rows, positions // B].astype(np.int64) * B + positions % B
+        slots = self._slots(rows, positions)
         qsl = np.arange(n + 1, dtype=np.int32)
         max_seq_len = int(seq_lens.max())
-        tables_cpu = self._put_tables(state.block_tables[rows, :-(-max_seq_len // B)])
+        tables_cpu = self._put_tables(rows, max_seq_len)
         input_ids = self.input_ids[:n]
         input_ids.copy_(tokens)
-        meta = AttentionMetadata(
-            positions=self._put(self.positions, positions),
-            slot_mapping=self._put(self.slot_mapping, slots),
-            query_start_loc=self._put(self.query_start_loc, qsl),
-            seq_lens=self._put(self.seq_lens, seq_lens),
-            block_tables=self.block_tables[:n],
-            query_start_loc_cpu=torch.from_numpy(qsl),
-            seq_lens_cpu=torch.from_numpy(seq_lens),
-            max_query_len=1, max_seq_len=max_seq_len, block_size=B, block_tables_cpu=tables_cpu)
+        meta = self._put_meta(positions, slots, qsl, seq_lens, n, 1, max_seq_len, tables_cpu)
         return StepInputs(
             input_ids=input_ids, meta=meta,
             logits_indices=self._put(self.logits_indices, np.arange(n, dtype=np.int64)),
