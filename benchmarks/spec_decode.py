@@ -23,20 +23,20 @@ METHODS = ("draft_model", "ngram")
 
 
 def case(workload: str, method: str, k: int, max_tokens: int, num_requests: int, device: str,
-         graph_mode: str, num_threads, lookup_max: int = 4) -> dict:
+         graph_mode: str, num_threads, lookup_max: int = 4, warmup: str = "short") -> dict:
     spec = {"method": method, "num_speculative_tokens": k}
     if method == "ngram":
         spec.update(prompt_lookup_min=1, prompt_lookup_max=lookup_max)
     return dict(workload=workload, num_requests=num_requests, output_len=(max_tokens, max_tokens),
                 max_num_seqs=1, hf_batch_size=1, speculative_config=spec, device=device,
-                graph_mode=graph_mode, num_threads=num_threads,
+                graph_mode=graph_mode, num_threads=num_threads, warmup=warmup,
                 compare=["plain", "transformers", "transformers_assisted"])
 
 
 def command_line(kw: dict) -> str:
     out, k = kw["output_len"][0], kw["speculative_config"]
     return (f"minirunner bench --device {kw['device']} --graph-mode {kw['graph_mode']} "
-            f"--num-threads {kw['num_threads']} "
+            f"--num-threads {kw['num_threads']} --warmup {kw['warmup']} "
             f"--workload {kw['workload']} --num-requests {kw['num_requests']} "
             f"--output-len {out} {out} --max-num-seqs 1 --hf-batch-size 1 --speculative-config "
             f"'{json.dumps(k)}' --compare plain --compare transformers --compare transformers_assisted")
@@ -56,11 +56,15 @@ def main() -> None:
     ap.add_argument("--num-threads", default="auto",
                     help="torch CPU threads (auto: one per core; 1 holds up better on a shared machine)")
     ap.add_argument("--graph-mode", default="none", choices=["none", "cuda", "compile"])
+    # workload: every engine runs the whole workload once, untimed, before its timed run (steady
+    # state); short: two short requests (minirunner bench --warmup)
+    ap.add_argument("--warmup", default="short", choices=["short", "workload"])
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--out", default="benchmarks/results/spec_decode_cpu.json")
     args = ap.parse_args()
-    summary = dict(environment=environment(), repeats=args.repeats, k=args.k, ngram_k=args.ngram_k,
+    summary = dict(environment=environment(), repeats=args.repeats, warmup=args.warmup, k=args.k,
+                   ngram_k=args.ngram_k,
                    ngram_lookup_max=args.ngram_lookup_max, device=args.device,
                    graph_mode=args.graph_mode, cases={})
     for workload in args.workloads:
@@ -68,7 +72,7 @@ def main() -> None:
             threads = args.num_threads if args.num_threads == "auto" else int(args.num_threads)
             k = args.ngram_k if method == "ngram" else args.k
             kw = case(workload, method, k, args.max_tokens, args.num_requests, args.device,
-                      args.graph_mode, threads, args.ngram_lookup_max)
+                      args.graph_mode, threads, args.ngram_lookup_max, args.warmup)
             print(f"== {workload} / {method}: {command_line(kw)}", flush=True)
             reports = [run_bench(**kw) for _ in range(args.repeats)]
             for r in reports:

@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also run this baseline on the same prompts (repeatable)")
     bench.add_argument("--hf-batch-size", type=int, default=16,
                        help="static batch size of the transformers baseline")
+    bench.add_argument("--warmup", default="short", choices=["short", "workload"],
+                       help="before each timed run: two short requests (short) or the whole workload "
+                            "once, untimed (workload: steady state, no first-time costs)")
     bench.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="KV budget in bytes")
     bench.add_argument("--json", default=None, help="write the report as JSON here")
     bench.add_argument("--plot", default=None, help="write throughput / KV utilisation over time (PNG)")
@@ -158,7 +161,7 @@ def _bench(args) -> int:
                            input_len=tuple(args.input_len), output_len=tuple(args.output_len),
                            seed=args.seed, compare=args.compare, hf_batch_size=args.hf_batch_size,
                            use_tqdm=not args.no_progress, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-                           **_llm_kwargs(args))
+                           warmup=args.warmup, **_llm_kwargs(args))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

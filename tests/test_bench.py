@@ -61,6 +61,7 @@ def test_bench_cli_report(model_dir, tmp_path):
     assert "output tok/s" in proc.stdout and "minirunner vs" in proc.stdout
     report = json.loads(out.read_text())
     assert png.stat().st_size > 1000
+    assert report["warmup"] == "short"
     wl = report["workload"]
     assert wl["num_requests"] == 12
     paged, hf, contiguous = report["results"]
@@ -102,9 +103,10 @@ def test_bench_speculative_side_by_side():
     from minirunner.bench import format_table, run_bench
 
     report = run_bench(workload="repetitive", num_requests=2, output_len=(16, 16), max_num_seqs=1,
-                       device="cpu", hf_batch_size=1,
+                       device="cpu", hf_batch_size=1, warmup="workload",
                        speculative_config={"method": "ngram", "num_speculative_tokens": 2},
                        compare=["plain", "transformers", "transformers_assisted"])
+    assert report["warmup"] == "workload"
     spec, plain, hf, assisted = report["results"]
     assert [r["label"].split(" (")[0] for r in report["results"]] == [
         "minirunner", "minirunner", "transformers generate", "transformers assisted generate"]
@@ -121,6 +123,13 @@ def test_bench_speculative_side_by_side():
     speedup = report["transformers_assisted_speedup"]["output_tok_per_s"]
     assert speedup == pytest.approx(assisted["output_tok_per_s"] / hf["output_tok_per_s"])
     assert "acceptance alpha" in format_table(report)
+
+
+def test_bench_refuses_an_unknown_warmup():
+    from minirunner.bench import run_bench
+
+    with pytest.raises(ValueError, match="warmup"):
+        run_bench(num_requests=1, warmup="long")
 
 
 def test_bench_plain_compare_needs_a_speculative_run():

@@ -37,14 +37,20 @@ def environment() -> dict:
 def run_bench(model: str | None = None, workload: str = "nano", num_requests: int = 64,
               input_len: tuple[int, int] = (100, 1024), output_len: tuple[int, int] = (100, 1024),
               seed: int = 0, compare: tuple[str, ...] | list[str] = (), hf_batch_size: int = 16,
-              use_tqdm: bool = False, **llm_kwargs) -> dict:
+              use_tqdm: bool = False, warmup: str = "short", **llm_kwargs) -> dict:
     """Run ``workload`` through minirunner (``llm_kwargs`` go to ``LLM``), then each ``compare`` entry on
     the same prompts: ``transformers`` (``generate`` in static batches of ``hf_batch_size``),
     ``contiguous`` / ``contiguous_exact`` (the same runner reserving max_model_len / prompt + max_tokens
     per request in a KV cache of the same size); with ``speculative_config``: ``plain`` (the same runner
     without speculation) and ``transformers_assisted`` (assisted generation on the same draft or n-gram
-    lookup, batch size 1). Returns plain data: settings, results, ratios (the first run over each other;
+    lookup, batch size 1). ``warmup``: "short" (two 8-token requests through each engine before its timed
+    run, and a 2-token generate for transformers) or "workload" (the whole workload once, untimed, through
+    every engine: the timed runs then meet no first-time costs, e.g. allocations at lengths the short
+    warm-up never reached; ``graph_mode="compile"`` always warms with the workload, since every bucket
+    compiles on first use). Returns plain data: settings, results, ratios (the first run over each other;
     with both transformers runs, also assisted over plain generate)."""
+    if warmup not in ("short", "workload"):
+        raise ValueError(f"warmup must be 'short' or 'workload', got {warmup!r}")
     for c in compare:
         if c not in COMPARE:
             raise ValueError(f"unknown --compare {c!r}; choose from {list(COMPARE)}")
@@ -59,10 +65,11 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
     wl = make_workload(workload, num_requests, mc.vocab_size, cfg.max_model_len, seed, input_len,
                        output_len, tokenizer=llm.get_tokenizer())
     warm = make_workload("fixed", 2, mc.vocab_size, cfg.max_model_len, seed, (8, 8), (4, 4))
-    if cfg.graph_mode == "compile":
-        # every bucket (and verify k) the run uses compiles on first use, for seconds each: run the
-        # workload once untimed first so that the timed run replays compiled steps only
+    if cfg.graph_mode == "compile" or warmup == "workload":
+        # (compile: every bucket and verify k the run uses compiles on first use, for seconds each, so
+        # the timed run must replay compiled steps only)
         warm = wl
+    hf_warm = wl if warmup == "workload" else None
     run_minirunner(llm, warm)
     if spec is None:
         label = f"minirunner ({cfg.kv_layout})"
@@ -75,7 +82,7 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
         if c == "transformers":
             results.append(run_transformers(cfg.model, wl, hf_batch_size, cfg.dtype, cfg.device,
                                             f"transformers generate (static batches of {hf_batch_size})",
-                                            threads=threads))
+                                            threads=threads, warm_workload=hf_warm))
         elif c == "transformers_assisted":  # sc: the speculative run's config (spec is given)
             draft = sc.model if sc.method == "draft_model" else None
             lookup = sc.num_speculative_tokens if sc.method == "ngram" else None
@@ -83,7 +90,7 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
             results.append(run_transformers(cfg.model, wl, 1, cfg.dtype, cfg.device,
                                             f"transformers assisted generate ({how}, batch 1)",
                                             threads=threads, assistant_dir=draft,
-                                            prompt_lookup_num_tokens=lookup))
+                                            prompt_lookup_num_tokens=lookup, warm_workload=hf_warm))
         else:
             layout = "paged" if c == "plain" else c
             kw = dict(llm_kwargs, kv_layout=layout, num_kv_blocks=llm.engine.num_kv_blocks)
@@ -113,6 +120,7 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
     return dict(workload=dict(name=wl.name, description=wl.description, num_requests=len(wl),
                               prompt_tokens=wl.num_prompt_tokens, output_tokens=wl.num_output_tokens,
                               seed=seed),
+                warmup="workload" if warm is wl else "short",
                 environment=environment(), results=[r.as_dict() for r in results], ratios=ratios,
                 transformers_assisted_speedup=assisted)
 
