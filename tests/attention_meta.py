@@ -7,9 +7,11 @@ import torch
 from minirunner.attention import AttentionMetadata
 
 
-def make_meta(seq_lens, query_lens, block_tables, block_size) -> AttentionMetadata:
+def make_meta(seq_lens, query_lens, block_tables, block_size, host_tables: bool = True) -> AttentionMetadata:
     """seq_lens / query_lens: per-sequence lists; block_tables: int32 [num_seqs, max_blocks] on the
-    batch's device. A sequence with seq_len 0 is a padding row: its query tokens write to slot -1."""
+    batch's device. A sequence with seq_len 0 is a padding row: its query tokens write to slot -1.
+    host_tables: give the host copy of the block tables, as the runner does (False: the backends must
+    manage without it)."""
     qsl = [0]
     for n in query_lens:
         qsl.append(qsl[-1] + n)
@@ -30,4 +32,5 @@ def make_meta(seq_lens, query_lens, block_tables, block_size) -> AttentionMetada
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
         query_start_loc=qsl_t.to(dev), seq_lens=sl.to(dev), block_tables=block_tables,
         query_start_loc_cpu=qsl_t.clone(), seq_lens_cpu=sl.clone(), max_query_len=max(query_lens),
-        max_seq_len=max(seq_lens), block_size=block_size)
+        max_seq_len=max(seq_lens), block_size=block_size,
+        block_tables_cpu=block_tables.cpu().clone() if host_tables else None)

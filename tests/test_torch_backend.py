@@ -92,8 +92,9 @@ def test_bf16_close_to_fp32_ref():
     torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
 
 
+@pytest.mark.parametrize("host_tables", [True, False], ids=["host_tables", "device_tables"])
 @pytest.mark.parametrize("split", [True, False])
-def test_length_groups_match_ref(split):
+def test_length_groups_match_ref(split, host_tables):
     """A large decode batch of very different lengths (split into length groups, each padded to its own
     longest) and the same batch with padding rows mixed in."""
     g = torch.Generator().manual_seed(5)
@@ -101,7 +102,7 @@ def test_length_groups_match_ref(split):
     seq_lens[3] = seq_lens[17] = 0
     query_lens = [1] * len(seq_lens)
     b = random_paged_batch(seq_lens, [1 if s else 0 for s in seq_lens], 8, 2, 16, 16, seed=2)
-    meta = make_meta(seq_lens, query_lens, b.block_tables, 16)
+    meta = make_meta(seq_lens, query_lens, b.block_tables, 16, host_tables)
     q = torch.randn(meta.num_tokens, 8, 16, generator=g)
     k, v = torch.randn(meta.num_tokens, 2, 16, generator=g), torch.randn(meta.num_tokens, 2, 16, generator=g)
     want_cache = b.kv_cache.clone()
@@ -115,8 +116,9 @@ def test_length_groups_match_ref(split):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("host_tables", [True, False], ids=["host_tables", "device_tables"])
 @pytest.mark.parametrize("max_groups", [4, 1])
-def test_prefill_length_groups_match_ref(max_groups):
+def test_prefill_length_groups_match_ref(max_groups, host_tables):
     """Prompts admitted together with very different lengths, beside extend chunks and decode rows: the
     prefill sequences are split into length groups (each padded to its own longest query and context)
     or kept as one padded group, and either way equal the per-sequence reference."""
@@ -125,7 +127,7 @@ def test_prefill_length_groups_match_ref(max_groups):
     seq_lens = prompts + [60, 33, 90, 12]  # four extend chunks after a cached prefix
     query_lens = prompts + [5, 33, 1, 1]  # ... and two of them decode rows
     b = random_paged_batch(seq_lens, query_lens, 8, 2, 16, 4, seed=4)
-    meta = make_meta(seq_lens, query_lens, b.block_tables, 4)
+    meta = make_meta(seq_lens, query_lens, b.block_tables, 4, host_tables)
     q = torch.randn(meta.num_tokens, 8, 16, generator=g)
     k, v = torch.randn(meta.num_tokens, 2, 16, generator=g), torch.randn(meta.num_tokens, 2, 16, generator=g)
     want_cache = b.kv_cache.clone()

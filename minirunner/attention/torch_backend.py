@@ -256,33 +256,38 @@ class TorchAttentionBackend(AttentionBackend):
         if inverse:
             self._decode_inverse = torch.from_numpy(np.argsort(order, kind="stable")).to(dev)
 
-    def _host_tables(self, meta: AttentionMetadata) -> np.ndarray:
-        """The step's block tables on the host: the runner's copy (no device read), else one copy."""
-        tables = meta.block_tables_cpu if meta.block_tables_cpu is not None else meta.block_tables.cpu()
-        return tables.numpy()
-
-    def _gather_rows_host(self, tables: np.ndarray, dev: torch.device) -> torch.Tensor:
-        """:func:`gather_rows` computed on the host (numpy: a few microseconds, where each torch operator
-        costs more than that on a CPU) and moved once."""
-        bs = self.block_size
+    def _group_rows(self, meta: AttentionMetadata, idx: np.ndarray | None, nb: int) -> torch.Tensor:
+        """:func:`gather_rows` of the first ``nb`` block-table columns of a group's sequences (``idx``;
+        None: all of them in order). On a CPU from the runner's host copy of the tables with numpy (a few
+        µs, where each torch operator costs about ten), on a GPU on the device (no copy of the rows)."""
+        dev, bs = meta.seq_lens.device, self.block_size
+        if dev.type != "cpu" or meta.block_tables_cpu is None:
+            tables = meta.block_tables[:, :nb] if idx is None else \
+                meta.block_tables[torch.from_numpy(idx).to(dev), :nb]
+            return gather_rows(tables, bs)
+        tables = meta.block_tables_cpu.numpy()
+        tables = tables[:, :nb] if idx is None else tables[idx, :nb]
         k_rows = (tables.astype(np.int64)[:, :, None] * (2 * bs) + np.arange(bs)).reshape(len(tables), -1)
-        return torch.from_numpy(np.stack((k_rows, k_rows + bs))).to(dev)
+        return torch.from_numpy(np.stack((k_rows, k_rows + bs)))
 
     def _plan_decode(self, meta: AttentionMetadata, idx: np.ndarray | None,
                      seq_lens: np.ndarray) -> _DecodeGroup:
-        """Indices and masks of one decode group, built on the host from the host copies (the group's
-        rows of the batch: ``idx``, None for all of them in order; their ``seq_lens``)."""
+        """Indices and masks of one decode group (the batch's rows ``idx``, None for all of them in
+        order; ``seq_lens`` theirs, from the host copy)."""
         dev = meta.seq_lens.device
         nb = self._columns(seq_lens.max(initial=1))
-        tables = self._host_tables(meta)
-        tables = tables[:, :nb] if idx is None else tables[idx, :nb]
         # A padding row (seq_len 0) attends to key 0 so softmax stays finite; its output is zeroed.
-        key_mask = np.arange(nb * self.block_size)[None, :] < np.maximum(seq_lens, 1)[:, None]
+        if dev.type == "cpu":  # numpy on the host copy, as the rows
+            key_mask = torch.from_numpy((np.arange(nb * self.block_size)[None, :]
+                                         < np.maximum(seq_lens, 1)[:, None])[:, None, None, :])
+        else:
+            lens = meta.seq_lens if idx is None else meta.seq_lens[torch.from_numpy(idx).to(dev)]
+            key_mask = (torch.arange(nb * self.block_size, device=dev)[None, :]
+                        < lens.clamp(min=1)[:, None])[:, None, None, :]
         row_valid = None
         if (seq_lens == 0).any():
             row_valid = torch.from_numpy((seq_lens > 0)[:, None, None]).to(dev, self.dtype)
-        return _DecodeGroup(self._gather_rows_host(tables, dev),
-                            torch.from_numpy(key_mask[:, None, None, :]).to(dev), row_valid)
+        return _DecodeGroup(self._group_rows(meta, idx, nb), key_mask, row_valid)
 
     def _plan_prefill(self, meta: AttentionMetadata, idx: np.ndarray, qsl: np.ndarray,
                       seq_lens: np.ndarray) -> _PrefillGroup:
@@ -301,8 +306,7 @@ class TorchAttentionBackend(AttentionBackend):
         allowed = key_pos[None, None, :] <= q_pos[:, :, None]  # causal; padded rows stay finite
         group = self.num_q_heads // self.num_kv_heads
         mask = np.repeat(allowed, group, axis=1)[:, None]  # row i * G + g
-        tables = self._host_tables(meta)[idx, :nb]
-        return _PrefillGroup(*rows, n, max_q, self._gather_rows_host(tables, dev),
+        return _PrefillGroup(*rows, n, max_q, self._group_rows(meta, idx, nb),
                              torch.from_numpy(mask).to(dev))
 
     # -- per layer --------------------------------------------------------------------------------
