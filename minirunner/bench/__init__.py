@@ -69,7 +69,7 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
         # (compile: every bucket and verify k the run uses compiles on first use, for seconds each, so
         # the timed run must replay compiled steps only)
         warm = wl
-    hf_warm = wl if warmup == "workload" else None
+    hf_warm = warmup == "workload"
     run_minirunner(llm, warm)
     if spec is None:
         label = f"minirunner ({cfg.kv_layout})"
@@ -82,7 +82,7 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
         if c == "transformers":
             results.append(run_transformers(cfg.model, wl, hf_batch_size, cfg.dtype, cfg.device,
                                             f"transformers generate (static batches of {hf_batch_size})",
-                                            threads=threads, warm_workload=hf_warm))
+                                            threads=threads, warm_all=hf_warm))
         elif c == "transformers_assisted":  # sc: the speculative run's config (spec is given)
             draft = sc.model if sc.method == "draft_model" else None
             lookup = sc.num_speculative_tokens if sc.method == "ngram" else None
@@ -90,7 +90,7 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
             results.append(run_transformers(cfg.model, wl, 1, cfg.dtype, cfg.device,
                                             f"transformers assisted generate ({how}, batch 1)",
                                             threads=threads, assistant_dir=draft,
-                                            prompt_lookup_num_tokens=lookup, warm_workload=hf_warm))
+                                            prompt_lookup_num_tokens=lookup, warm_all=hf_warm))
         else:
             layout = "paged" if c == "plain" else c
             kw = dict(llm_kwargs, kv_layout=layout, num_kv_blocks=llm.engine.num_kv_blocks)

@@ -133,22 +133,21 @@ class _StepClock:
 def run_transformers(model_dir: str, workload: Workload, batch_size: int, dtype: torch.dtype,
                      device: torch.device, label: str = "transformers",
                      threads: tuple[int, ...] = (), assistant_dir: str | None = None,
-                     prompt_lookup_num_tokens: int | None = None,
-                     warm_workload: Workload | None = None) -> BenchResult:
+                     prompt_lookup_num_tokens: int | None = None, warm_all: bool = False) -> BenchResult:
     """The same prompts through transformers ``generate`` (greedy, EOS ignored) in static batches of
     ``batch_size``, left-padded, each batch generating its longest request's max_tokens. Only each
     request's own max_tokens count as output. ``threads``: on a CPU, run once with each torch thread
     count and keep the fastest (the baseline at its best); the others are in ``settings``.
     Assisted generation (batch size 1 only): ``assistant_dir`` a draft model, or
-    ``prompt_lookup_num_tokens`` transformers' n-gram prompt lookup. ``warm_workload``: run these
-    batches once, untimed, before the timed run (None: one 2-token generate)."""
+    ``prompt_lookup_num_tokens`` transformers' n-gram prompt lookup. ``warm_all``: run every batch once,
+    untimed, before the timed run (False: one 2-token generate)."""
     if threads and device.type == "cpu":
         before, runs = torch.get_num_threads(), []
         try:
             for n in threads:
                 torch.set_num_threads(n)
                 runs.append(run_transformers(model_dir, workload, batch_size, dtype, device, label,
-                                             (), assistant_dir, prompt_lookup_num_tokens, warm_workload))
+                                             (), assistant_dir, prompt_lookup_num_tokens, warm_all))
         finally:
             torch.set_num_threads(before)
         best = max(runs, key=lambda r: r.output_tok_per_s)
@@ -179,15 +178,15 @@ def run_transformers(model_dir: str, workload: Workload, batch_size: int, dtype:
                            **assist)
         return clock.times
 
-    if warm_workload is None:
-        generate(workload.prompts[:1], 2)  # warm-up
+    batches = [(workload.prompts[lo:lo + batch_size], workload.max_tokens[lo:lo + batch_size])
+               for lo in range(0, len(workload), batch_size)]
+    if warm_all:
+        for prompts, wants in batches:
+            generate(prompts, max(wants))
     else:
-        for lo in range(0, len(warm_workload), batch_size):
-            generate(warm_workload.prompts[lo:lo + batch_size],
-                     max(warm_workload.max_tokens[lo:lo + batch_size]))
+        generate(workload.prompts[:1], 2)  # warm-up
     start = time.perf_counter()
-    for lo in range(0, len(workload), batch_size):
-        prompts, wants = workload.prompts[lo:lo + batch_size], workload.max_tokens[lo:lo + batch_size]
+    for prompts, wants in batches:
         times = generate(prompts, max(wants))
         for m in wants:  # a request's tokens are the first m of its row
             ttft.append(times[0] - start)
