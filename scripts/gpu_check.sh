@@ -4,8 +4,10 @@
 # and transformers generate on a sample) and the graph benchmark (eager vs CUDA-graph decode tok/s at
 # batch 1, 8, 64 on the same model shape, the HBM-roofline fraction at batch 1, graph vs eager greedy
 # agreement, a replay under sync-debug "error") and speculative decoding at batch 1 under CUDA graphs
-# (benchmarks/spec_decode.py, draft model vs plain), with a JSON report in $OUT (or a fresh temporary
-# folder, printed, when OUT is unset). The graph and speculative blocks are written, not yet run on a GPU.
+# (benchmarks/spec_decode.py, draft model vs plain) and paged vs contiguous KV at equal memory on the
+# ShareGPT-like workload (`minirunner bench --compare contiguous`, the CPU headline's settings), with a
+# JSON report in $OUT (or a fresh temporary folder, printed, when OUT is unset). The graph, speculative
+# and paged-vs-contiguous blocks are written, not yet run on a GPU.
 #   scripts/gpu_check.sh            on a CUDA machine
 #   scripts/gpu_check.sh --dry-run  on any machine: imports, collection and the benchmark script on
 #                                   tiny CPU shapes (Triton interpreter), to catch mistakes early
@@ -67,6 +69,9 @@ PYEOF
 TEST_FILES=(tests/test_gpu_kernels.py tests/test_gpu_backends.py tests/test_gpu_graphs.py)
 # -o addopts= drops the project's notebook options (nbval) that a bare GPU image may lack.
 PYTEST_ARGS=(-m gpu -o addopts= -p no:cacheprovider -q -rs --junitxml="$REPORT_DIR/gpu_tests.xml")
+# benchmarks/cpu_headlines.py's ShareGPT-like row: 7 reservations of max_model_len = 448 blocks of 4
+PVC_ARGS=(--workload sharegpt --compare contiguous --block-size 4 --num-kv-blocks 448 --max-num-seqs 256
+          --no-progress)
 if [ "$DRY" = 1 ]; then
     export TRITON_INTERPRET=1
     timeout 120 "$PY" -m pytest "${PYTEST_ARGS[@]}" --collect-only "${TEST_FILES[@]}" \
@@ -85,6 +90,9 @@ if [ "$DRY" = 1 ]; then
         --max-tokens 8 --workloads text --methods ngram --out "$REPORT_DIR/spec.json" \
         >"$REPORT_DIR/spec.log" 2>&1
     SPEC_RC=$?
+    timeout 120 "$PY" -m minirunner bench --device cpu "${PVC_ARGS[@]}" --num-requests 8 \
+        --json "$REPORT_DIR/paged_vs_contiguous.json" >"$REPORT_DIR/paged_vs_contiguous.log" 2>&1
+    PVC_RC=$?
 else
     timeout 170 "$PY" -m pytest "${PYTEST_ARGS[@]}" "${TEST_FILES[@]}" \
         >"$REPORT_DIR/gpu_tests.log" 2>&1
@@ -103,18 +111,23 @@ else
         --num-requests 2 --max-tokens 48 --workloads text --methods draft_model \
         --out "$REPORT_DIR/spec.json" >"$REPORT_DIR/spec.log" 2>&1
     SPEC_RC=$?
+    # paged vs contiguous KV at equal memory on the ShareGPT-like workload (the CPU headline's settings)
+    timeout 60 "$PY" -m minirunner bench --device cuda "${PVC_ARGS[@]}" --num-requests 200 \
+        --json "$REPORT_DIR/paged_vs_contiguous.json" >"$REPORT_DIR/paged_vs_contiguous.log" 2>&1
+    PVC_RC=$?
 fi
 tail -n 25 "$REPORT_DIR/gpu_tests.log"
 tail -n 5 "$REPORT_DIR/kernel_bench.log"
 tail -n 3 "$REPORT_DIR/serving.log"
 tail -n 6 "$REPORT_DIR/graphs.log"
 grep -- "^->" "$REPORT_DIR/spec.log"
+tail -n 12 "$REPORT_DIR/paged_vs_contiguous.log"
 
-"$PY" - "$REPORT_DIR" "$TEST_RC" "$BENCH_RC" "$DRY" "$(( $(date +%s) - T0 ))" "$SERVE_RC" "$GRAPH_RC" "$SPEC_RC" <<'PYEOF'
+"$PY" - "$REPORT_DIR" "$TEST_RC" "$BENCH_RC" "$DRY" "$(( $(date +%s) - T0 ))" "$SERVE_RC" "$GRAPH_RC" "$SPEC_RC" "$PVC_RC" <<'PYEOF'
 import json, sys
 from pathlib import Path
 out, test_rc, bench_rc, dry, wall = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5])
-serve_rc, graph_rc, spec_rc = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
+serve_rc, graph_rc, spec_rc, pvc_rc = (int(a) for a in sys.argv[6:10])
 def load(name):
     p = out / name
     try:
@@ -132,18 +145,19 @@ report = {
     "serving": {"rc": serve_rc, "timed_out": serve_rc == 124, **load("serving.json")},
     "graphs": {"rc": graph_rc, "timed_out": graph_rc == 124, **load("graphs.json")},
     "spec_decode": {"rc": spec_rc, "timed_out": spec_rc == 124, **load("spec.json")},
+    "paged_vs_contiguous": {"rc": pvc_rc, "timed_out": pvc_rc == 124, **load("paged_vs_contiguous.json")},
     "flashinfer": ("available " + env["flashinfer"]) if not str(env.get("flashinfer", "")).startswith("unavailable")
                   else "unavailable on this machine (import flashinfer failed); FlashInfer tests skipped",
     "wall_s": wall,
 }
 (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
 print(f"gpu_check: tests rc={test_rc}, bench rc={bench_rc}, serving rc={serve_rc}, graphs rc={graph_rc}, "
-      f"spec rc={spec_rc}, "
+      f"spec rc={spec_rc}, paged-vs-contiguous rc={pvc_rc}, "
       f"{wall} s -> "
       f"{out / 'gpu_check.json'}")
 PYEOF
 if [ "$TEST_RC" -ne 0 ] || [ "$BENCH_RC" -ne 0 ] || [ "$SERVE_RC" -ne 0 ] || [ "$GRAPH_RC" -ne 0 ] \
-    || [ "$SPEC_RC" -ne 0 ]; then
+    || [ "$SPEC_RC" -ne 0 ] || [ "$PVC_RC" -ne 0 ]; then
     exit 1
 fi
 exit 0
