@@ -34,6 +34,11 @@ COMPARISONS = {
 }
 
 
+def spread(values: list[float]) -> dict:
+    """Median, min and max of a figure over the repeats."""
+    return dict(median=statistics.median(values), min=min(values), max=max(values))
+
+
 def command_line(kw: dict) -> str:
     parts = ["minirunner bench"]
     for key, value in kw.items():
@@ -70,8 +75,8 @@ def main() -> None:
         plot_report(median_run, out / f"{name}.png")
         summary["comparisons"][name] = dict(
             command=command_line(kw),
-            ratios={label: {key: dict(median=statistics.median(v), min=min(v), max=max(v))
-                            for key, v in d.items() if None not in v} for label, d in ratios.items()},
+            ratios={label: {key: spread(v) for key, v in d.items() if None not in v}
+                    for label, d in ratios.items()},
             median_run={k: median_run[k] for k in ("workload", "results", "ratios")})
         for res in summary["comparisons"][name]["median_run"]["results"]:
             res.pop("timeline", None)

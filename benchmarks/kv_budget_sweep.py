@@ -15,7 +15,7 @@ import json
 import statistics
 from pathlib import Path
 
-from cpu_headlines import BLOCK, COMPARISONS, MAX_MODEL_LEN, command_line
+from cpu_headlines import BLOCK, COMPARISONS, MAX_MODEL_LEN, command_line, spread
 
 from minirunner.bench import environment, run_bench
 
@@ -36,7 +36,7 @@ def main() -> None:
         paged = [r["results"][0] for r in reports]
         contiguous = [r["results"][1] for r in reports]
         row = dict(reservations=n, num_kv_blocks=kw["num_kv_blocks"], command=command_line(kw),
-                   tok_ratio=dict(median=statistics.median(tok), min=min(tok), max=max(tok)),
+                   tok_ratio=spread(tok),
                    peak_seqs_paged=statistics.median(p["peak_concurrent_seqs"] for p in paged),
                    peak_seqs_contiguous=statistics.median(c["peak_concurrent_seqs"] for c in contiguous),
                    paged_tok_per_s=statistics.median(p["output_tok_per_s"] for p in paged),
