@@ -23,14 +23,18 @@ METHODS = ("draft_model", "ngram")
 
 
 def case(workload: str, method: str, k: int, max_tokens: int, num_requests: int, device: str,
-         graph_mode: str, num_threads, lookup_max: int = 4, warmup: str = "short") -> dict:
+         graph_mode: str, num_threads, lookup_max: int = 4, warmup: str = "short",
+         async_scheduling: bool = False) -> dict:
+    """``async_scheduling`` (draft model only; n-gram lookup reads the tokens on the host): that run, with
+    the synchronous speculative runner beside it."""
     spec = {"method": method, "num_speculative_tokens": k}
     if method == "ngram":
         spec.update(prompt_lookup_min=1, prompt_lookup_max=lookup_max)
+    ahead = async_scheduling and method == "draft_model"
     return dict(workload=workload, num_requests=num_requests, output_len=(max_tokens, max_tokens),
                 max_num_seqs=1, hf_batch_size=1, speculative_config=spec, device=device,
-                graph_mode=graph_mode, num_threads=num_threads, warmup=warmup,
-                compare=["plain", "transformers", "transformers_assisted"])
+                graph_mode=graph_mode, num_threads=num_threads, warmup=warmup, async_scheduling=ahead,
+                compare=["plain", "transformers", "transformers_assisted"] + ["synchronous"] * ahead)
 
 
 def command_line(kw: dict) -> str:
@@ -39,7 +43,8 @@ def command_line(kw: dict) -> str:
             f"--num-threads {kw['num_threads']} --warmup {kw['warmup']} "
             f"--workload {kw['workload']} --num-requests {kw['num_requests']} "
             f"--output-len {out} {out} --max-num-seqs 1 --hf-batch-size 1 --speculative-config "
-            f"'{json.dumps(k)}' --compare plain --compare transformers --compare transformers_assisted")
+            f"'{json.dumps(k)}' --compare plain --compare transformers --compare transformers_assisted"
+            + (" --async-scheduling --compare synchronous" if kw["async_scheduling"] else ""))
 
 
 def main() -> None:
@@ -59,6 +64,9 @@ def main() -> None:
     # workload: every engine runs the whole workload once, untimed, before its timed run (steady
     # state); short: two short requests (minirunner bench --warmup)
     ap.add_argument("--warmup", default="short", choices=["short", "workload"])
+    ap.add_argument("--async-scheduling", action="store_true",
+                    help="draft model: schedule each step ahead (needs --graph-mode cuda or compile), "
+                         "the synchronous run beside it")
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--out", default="benchmarks/results/spec_decode_cpu.json")
@@ -71,7 +79,8 @@ def main() -> None:
             threads = args.num_threads if args.num_threads == "auto" else int(args.num_threads)
             k = args.ngram_k if method == "ngram" else args.k
             kw = case(workload, method, k, args.max_tokens, args.num_requests, args.device,
-                      args.graph_mode, threads, args.ngram_lookup_max, args.warmup)
+                      args.graph_mode, threads, args.ngram_lookup_max, args.warmup,
+                      args.async_scheduling)
             print(f"== {workload} / {method}: {command_line(kw)}", flush=True)
             reports = [run_bench(**kw) for _ in range(args.repeats)]
             for r in reports:
@@ -92,10 +101,16 @@ def main() -> None:
                                           for r in reports]),
                 # c: one draft token's proposer time over one verify pass (the spec steps only)
                 cost_ratio_c=med([_cost_ratio(r["results"][0]["speculative"]) for r in reports]))
+            if kw["async_scheduling"]:  # the synchronous run is the last one
+                row["speedup_vs_synchronous"] = med([r["ratios"][labels[-1]]["output_tok_per_s"]
+                                                     for r in reports])
             summary["cases"][f"{workload}/{method}"] = row
+            ahead = row.get("speedup_vs_synchronous")
             print(f"-> {workload}/{method}: x{row['speedup_vs_plain']['median']:.2f} vs plain decoding; "
                   f"transformers assisted x{row['hf_assisted_speedup']['median']:.2f}; alpha "
-                  f"{row['alpha']['median']:.2f}, c {row['cost_ratio_c']['median']:.3f}", flush=True)
+                  f"{row['alpha']['median']:.2f}, c {row['cost_ratio_c']['median']:.3f}"
+                  + (f"; scheduled ahead x{ahead['median']:.2f} vs synchronous" if ahead else ""),
+                  flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
 

@@ -50,6 +50,9 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help='speculative decoding, vLLM\'s dict as JSON, e.g. \'{"method": "ngram", '
                         '"num_speculative_tokens": 3}\' or \'{"method": "draft_model", '
                         '"num_speculative_tokens": 3}\' (the embedded draft on the embedded model)')
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="with a draft-model --speculative-config and graphs: launch each speculative "
+                        "step before the host has read the previous one's tokens")
     p.add_argument("--num-threads", default="auto",
                    help="CPU threads for torch: auto = one per core; 1 is faster on a machine "
                         "shared with other busy jobs")
@@ -61,7 +64,7 @@ def _llm_kwargs(args) -> dict:
                 max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                 enable_prefix_caching=args.enable_prefix_caching, attention_backend=args.attention_backend,
                 graph_mode=args.graph_mode, cudagraph_capture_sizes=args.cudagraph_capture_sizes,
-                speculative_config=args.speculative_config,
+                speculative_config=args.speculative_config, async_scheduling=args.async_scheduling,
                 num_threads=args.num_threads if args.num_threads == "auto" else _int(args.num_threads))
 
 

@@ -155,6 +155,7 @@ class EngineConfig:
     graph_mode: str = "none"  # "auto" | "none" | "cuda" | "compile" (minirunner/graphs.py); validate resolves
     cudagraph_capture_sizes: list[int] | None = None  # the bucket ladder (None: graphs.capture_sizes)
     speculative_config: dict | None = None  # parsed by minirunner.spec.config.SpeculativeConfig
+    async_scheduling: bool = False  # draft-model steps scheduled one step ahead (spec/async_loop.py)
 
     def validate(self, model_config: ModelConfig) -> None:
         from minirunner.graphs import capture_sizes, resolve_graph_mode
@@ -164,6 +165,10 @@ class EngineConfig:
             raise ValueError(f"graph_mode='compile' needs attention_backend='torch' (got "
                              f"{self.attention_backend!r}): torch.compile traces the torch backend; the "
                              "Triton/FlashInfer kernels are captured with graph_mode='cuda'")
+        if self.async_scheduling and self.graph_mode not in ("cuda", "compile"):
+            raise ValueError(f"async_scheduling runs the speculative steps as graph replays, which "
+                             f"graph_mode={self.graph_mode!r} does not: use graph_mode='cuda' (GPU) or "
+                             "'compile' (CPU)")
         if not (self.num_threads in (None, "auto") or (isinstance(self.num_threads, int)
                                                         and self.num_threads >= 1)):
             raise ValueError(f"num_threads must be 'auto', None (leave torch's setting) or an integer "

@@ -1,9 +1,11 @@
 """LLMEngine: the loop — admit requests, schedule a step, run it, append tokens, finish, report.
 
-Owns request validation at admission, the per-step trace, stop conditions (EOS, max_tokens,
-max_model_len, stop strings) with incremental detokenisation, n > 1 groups, logprobs collection and
-outputs. A request refused at admission raises ValueError and leaves every other request untouched; an
-abort frees only that request's blocks.
+Owns request validation at admission, the per-step trace (minirunner/trace.py), stop conditions (EOS,
+max_tokens, max_model_len, stop strings) with incremental detokenisation, n > 1 groups, logprobs
+collection and outputs. A request refused at admission raises ValueError and leaves every other request
+untouched; an abort frees only that request's blocks. With ``async_scheduling``, a steady speculative
+batch's steps are launched one step ahead by minirunner/spec/async_loop.py, which applies their tokens
+through the same stop checks.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import os
 import random
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,56 +36,14 @@ from minirunner.request import Request
 from minirunner.runner import ModelRunner, StepGraphInfo
 from minirunner.sampling_params import SamplingParams
 from minirunner.scheduler import Scheduler
+from minirunner.spec.async_loop import AsyncSpeculation
 from minirunner.spec.config import SpeculativeConfig
 from minirunner.spec.speculator import Speculator
 from minirunner.tokenizer import load_tokenizer
+from minirunner.trace import StepTrace
 
 _DEFAULT_CPU_KV_BYTES = 1 << 30
 TRACE_MAX_STEPS = 10_000
-
-
-@dataclass(slots=True)
-class StepTrace:
-    """What one engine step did, as plain data for notebooks and plots.
-
-    Occupancy (``blocks_*``, ``kv_slots_*``, ``block_tables``) is taken during the step, after this step's
-    K/V is in the cache and before finished requests free their blocks: the step's peak.
-    ``blocks_used_after`` is what stays in use once they have. ``kv_slots_used`` counts tokens whose K/V
-    the cache holds (a shared block counted once), ``kv_slots_allocated`` the slots of the blocks in use.
-    ``block_tables`` is filled only with ``LLM(trace_block_tables=True)`` (copying every table each step
-    costs time a benchmark should not pay). ``graph``, ``bucket_size`` and ``num_padded_rows`` say whether
-    the step was one replay of a padded bucket (minirunner/graphs.py) or ran eager.
-    """
-
-    step: int
-    request_ids: list[str]
-    num_prefill_tokens: int
-    num_decode_tokens: int
-    num_tokens: int
-    num_output_tokens: int
-    blocks_used: int
-    blocks_free: int
-    blocks_cached: int
-    blocks_used_after: int
-    kv_slots_used: int
-    kv_slots_allocated: int
-    num_running: int
-    num_waiting: int
-    num_preempted: int
-    preempted_ids: list[str]
-    finished_ids: list[str]
-    block_tables: dict[str, list[int]] = field(default_factory=dict)
-    duration_s: float = 0.0
-    graph: str = "eager"  # how the step ran: "eager", "compile" or "cuda" (one replay of a bucket)
-    bucket_size: int | None = None  # the padded batch of a graph step
-    num_padded_rows: int = 0  # bucket_size - requests in the step
-    # speculative decoding: {request_id: [drafts verified, drafts accepted]}; rolled-back KV slots of a
-    # request = drafts - accepted
-    spec_runs: dict[str, list[int]] = field(default_factory=dict)
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    propose_s: float = 0.0
-    verify_s: float = 0.0
 
 
 class LLMEngine:
@@ -133,6 +92,16 @@ class LLMEngine:
                 0 if spec_config is None else spec_config.max_num_speculative_tokens)
         self.spec = None if spec_config is None else Speculator(spec_config, config,
                                                                 self.num_kv_blocks)
+        self.async_spec = None
+        if config.async_scheduling:
+            if spec_config is None or spec_config.method != "draft_model":
+                raise ValueError("async_scheduling schedules the draft-model speculative step one step "
+                                 "ahead: pass speculative_config={'method': 'draft_model', ...} (n-gram "
+                                 "lookup reads the accepted tokens on the host), or async_scheduling=False")
+            if not self.backend.supports_verify_graphs:
+                raise ValueError(f"async_scheduling needs an attention backend whose graph steps plan on "
+                                 f"the device (torch or triton), not {backend_name!r}")
+            self.async_spec = AsyncSpeculation(self)
         self.requests: dict[str, Request] = {}  # every live completion, by its own id
         self.groups: dict[str, list[Request]] = {}  # add_request's id -> its n completions
         self._token_text: dict[int, str] = {}
@@ -281,6 +250,8 @@ class LLMEngine:
         self.scheduler.finish(request)
         self.runner.logits_processors.release(request.request_id)
         self.runner.free_request(request.request_id)
+        if self.spec is not None:
+            self.spec.proposer.free(request.request_id)
 
     def _step_failed(self, sched) -> None:
         """The step raised mid-forward: blocks it registered in the prefix cache may hold half-written
@@ -298,6 +269,10 @@ class LLMEngine:
     def step(self) -> list[tuple[Request, list[int]]]:
         """Run one engine step. Returns (request, tokens appended this step) for every request that
         produced a token or finished (more than one token when speculative drafts were accepted)."""
+        if self.async_spec is not None:
+            produced = self.async_spec.step()  # None: this step runs synchronously, below
+            if produced is not None:
+                return produced
         t0 = time.perf_counter()
         self.kv.begin_step()
         if self.spec is not None:
@@ -340,29 +315,40 @@ class LLMEngine:
                     # Roll back the rejected drafts: their K/V slots are past the accepted run.
                     request.num_computed_tokens -= len(s.draft_token_ids) - (len(run) - 1)
                     self.kv.trim(request)
-                appended = []
-                for token in run:  # stop checks token by token; a stop truncates the rest
-                    request.append_token(token)
-                    appended.append(token)
-                    if request.fork_children:
-                        fork_children(request, self.kv, self.scheduler)
-                    if self._check_stop(request, token):
-                        done.append(request)
-                        finished.append(request.request_id)
-                        break
-                produced.append((request, appended))
+                produced.append((request, self._append_run(request, run, done, finished)))
             occupancy = self._occupancy()  # the step's peak: before finished requests free blocks
             for request in done:
                 self._free(request)
         self._record(sched, finished, occupancy or self._occupancy(),
                      sum(len(tokens) for _, tokens in produced), time.perf_counter() - t0)
         if spec_runs:
-            trace = self.trace[-1]
-            trace.spec_runs = spec_runs
-            trace.num_draft_tokens = sum(k for k, _ in spec_runs.values())
-            trace.num_accepted_tokens = sum(a for _, a in spec_runs.values())
-            trace.propose_s, trace.verify_s = self.spec.last_propose_s, verify_s
+            self._record_spec(spec_runs, self.spec.last_propose_s, verify_s)
         return produced
+
+    def _append_run(self, request: Request, run: list[int], done: list[Request],
+                    finished: list[str]) -> list[int]:
+        """Append a step's emitted tokens to ``request`` with the stop checks token by token (a stop
+        truncates the rest of the run); a request that stops joins ``done`` and ``finished``. Returns
+        the tokens appended."""
+        appended = []
+        for token in run:
+            request.append_token(token)
+            appended.append(token)
+            if request.fork_children:
+                fork_children(request, self.kv, self.scheduler)
+            if self._check_stop(request, token):
+                done.append(request)
+                finished.append(request.request_id)
+                break
+        return appended
+
+    def _record_spec(self, spec_runs: dict[str, list[int]], propose_s: float, verify_s: float) -> None:
+        """The speculative part of the last step's trace entry."""
+        trace = self.trace[-1]
+        trace.spec_runs = spec_runs
+        trace.num_draft_tokens = sum(k for k, _ in spec_runs.values())
+        trace.num_accepted_tokens = sum(a for _, a in spec_runs.values())
+        trace.propose_s, trace.verify_s = propose_s, verify_s
 
     def _check_stop(self, request: Request, token: int) -> bool:
         """vLLM's rules: before min_tokens only the length limit ends a request; EOS ends it with

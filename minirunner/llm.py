@@ -54,11 +54,14 @@ class LLM:
                  seed: int = 0, kv_layout: str = "paged", trace_block_tables: bool = False,
                  num_threads: int | str | None = "auto", graph_mode: str = "auto",
                  enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None,
-                 speculative_config: dict | None = None):
+                 speculative_config: dict | None = None, async_scheduling: bool = False):
         """``graph_mode``: "auto" (cuda on a CUDA device, none on a CPU), "none" (eager), "cuda" (a CUDA
         graph per decode bucket), "compile" (torch.compile per bucket: the CPU analogue).
         ``enforce_eager=True`` is vLLM's name for graph_mode="none". ``cudagraph_capture_sizes``: the
-        bucket ladder (default [1, 2, 4, 8] then multiples of 8 up to max_num_seqs)."""
+        bucket ladder (default [1, 2, 4, 8] then multiples of 8 up to max_num_seqs).
+        ``async_scheduling=True`` (with a draft-model ``speculative_config`` and graphs): a steady batch's
+        next speculative step is launched before the host reads this one's accepted tokens
+        (minirunner/spec/async_loop.py); the tokens are those of the synchronous engine."""
         if model is None:
             model = default_model_dir()
             if not (Path(model) / "config.json").is_file():
@@ -81,7 +84,7 @@ class LLM:
             attention_backend=attention_backend, seed=seed, kv_layout=kv_layout,
             trace_block_tables=trace_block_tables, num_threads=num_threads, graph_mode=graph_mode,
             cudagraph_capture_sizes=cudagraph_capture_sizes,
-            speculative_config=speculative_config)
+            speculative_config=speculative_config, async_scheduling=async_scheduling)
         self.engine = LLMEngine(config, model_config)
 
     def get_tokenizer(self):
@@ -163,7 +166,8 @@ class LLM:
 
     # -- introspection --------------------------------------------------------------------------
     def get_step_trace(self) -> list[dict]:
-        """One dict per engine step (see ``StepTrace``; the last 10,000 steps): plain data for plots."""
+        """One dict per engine step (see ``minirunner.trace.StepTrace``; the last 10,000 steps): plain
+        data for plots."""
         return [asdict(t) for t in self.engine.trace]
 
     def get_spec_metrics(self) -> dict | None:

@@ -4,10 +4,10 @@
 # and transformers generate on a sample) and the graph benchmark (eager vs CUDA-graph decode tok/s at
 # batch 1, 8, 64 on the same model shape, the HBM-roofline fraction at batch 1, graph vs eager greedy
 # agreement, a replay under sync-debug "error") and speculative decoding at batch 1 under CUDA graphs
-# (benchmarks/spec_decode.py, draft model vs plain) and paged vs contiguous KV at equal memory on the
-# ShareGPT-like workload (`minirunner bench --compare contiguous`, the CPU headline's settings), with a
-# JSON report in $OUT (or a fresh temporary folder, printed, when OUT is unset). The graph, speculative
-# and paged-vs-contiguous blocks are written, not yet run on a GPU.
+# (benchmarks/spec_decode.py, draft model vs plain, and scheduled ahead vs synchronous) and paged vs
+# contiguous KV at equal memory on the ShareGPT-like workload (`minirunner bench --compare contiguous`,
+# the CPU headline's settings), with a JSON report in $OUT (or a fresh temporary folder, printed, when
+# OUT is unset). The graph, speculative and paged-vs-contiguous blocks are written, not yet run on a GPU.
 #   scripts/gpu_check.sh            on a CUDA machine
 #   scripts/gpu_check.sh --dry-run  on any machine: imports, collection and the benchmark script on
 #                                   tiny CPU shapes (Triton interpreter), to catch mistakes early
@@ -106,9 +106,10 @@ else
     timeout 120 "$PY" benchmarks/gpu_graphs.py --out "$REPORT_DIR/graphs.json" \
         >"$REPORT_DIR/graphs.log" 2>&1
     GRAPH_RC=$?
-    # speculative decoding at batch 1 under CUDA graphs (draft model, the embedded pair) vs plain
-    timeout 90 "$PY" benchmarks/spec_decode.py --device cuda --graph-mode cuda --repeats 1 \
-        --num-requests 2 --max-tokens 48 --workloads text --methods draft_model \
+    # speculative decoding at batch 1 under CUDA graphs (draft model, the embedded pair) vs plain, and
+    # scheduled ahead (async_scheduling) vs the synchronous speculative run
+    timeout 110 "$PY" benchmarks/spec_decode.py --device cuda --graph-mode cuda --repeats 1 \
+        --num-requests 2 --max-tokens 48 --workloads text --methods draft_model --async-scheduling \
         --out "$REPORT_DIR/spec.json" >"$REPORT_DIR/spec.log" 2>&1
     SPEC_RC=$?
     # paged vs contiguous KV at equal memory on the ShareGPT-like workload (the CPU headline's settings)

@@ -1,6 +1,7 @@
 """CUDA-graph decode on a GPU: greedy tokens of graph_mode="cuda" equal eager ones on the torch, triton and
 (when installed) flashinfer backends for batches on and between rungs, and a replay never syncs with the
-host; the speculative verify step captured as a bucket gives plain greedy output. Skipped without CUDA.
+host; the speculative verify step captured as a bucket gives plain greedy output, and so do speculative
+steps scheduled ahead (async_scheduling), whose launches never sync with the host. Skipped without CUDA.
 Written with the CPU tests' shapes; not yet run on a GPU.
 """
 
@@ -104,3 +105,33 @@ def test_captured_verify_step_equals_eager_and_does_not_sync(model_dir, backend,
     assert replays, "no verify step replayed a captured bucket"
     key = next(k for k in graphs.engine.runner.graphs._graphs if k[2] > 1)
     _replay_without_host_sync(graphs.engine.runner.graphs._graphs[key][0])
+
+
+@pytest.mark.parametrize("backend", VERIFY_BACKENDS)
+def test_async_speculation_is_lossless_and_never_waits_for_the_device(model_dir, tmp_path, backend):
+    """async_scheduling=True under graph_mode="cuda": greedy output equals plain eager greedy with a
+    draft that is often rejected (another random model of the same vocabulary), steps run scheduled
+    ahead, and once every bucket is captured, preparing and launching a step ahead (the acceptance
+    update on the device, the draft's passes, the verify inputs and replay) never syncs with the host."""
+    draft, _ = make_tiny_model(tmp_path, "llama_gqa", seed=5, dtype=torch.bfloat16)
+    spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
+    plain = _llm(model_dir, backend, "none")
+    ahead = LLM(model_dir, dtype="bfloat16", device="cuda", attention_backend=backend, block_size=16,
+                num_kv_blocks=96, max_num_seqs=4, cudagraph_capture_sizes=[1, 2, 4], graph_mode="cuda",
+                speculative_config=spec, async_scheduling=True)
+    prompts = _prompts(3, seed=11)
+    greedy = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    sampled = SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=40, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, greedy, use_tqdm=False)]
+    ahead.generate(prompts, sampled, use_tqdm=False)  # captures the sampled kinds too
+    assert [o.outputs[0].token_ids for o in ahead.generate(prompts, greedy, use_tqdm=False)] == want
+    assert any(t["scheduled_ahead"] for t in ahead.get_step_trace())
+    loop = ahead.engine.async_spec
+    loop.check_no_sync = True
+    launched = loop.num_launched
+    try:
+        for params in (greedy, sampled):
+            ahead.generate(prompts, params, use_tqdm=False)  # raises on a sync inside a launch
+    finally:
+        loop.check_no_sync = False
+    assert loop.num_launched > launched

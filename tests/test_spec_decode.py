@@ -280,3 +280,13 @@ def test_processors_and_logprobs_are_applied_whatever_the_batch_drafts(pair, pla
     # alone, the greedy requests still speculate
     spec.generate(prompts[4:], GREEDY, use_tqdm=False)
     assert any(t["num_draft_tokens"] for t in spec.get_step_trace())
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "contiguous_exact"])
+def test_contiguous_layouts_speculate_losslessly(pair, plain_outputs, layout):
+    """The pre-paging baseline speculates too (its reservation simply keeps the rejected slots)."""
+    llm = LLM(pair["target"], device="cpu", attention_backend="torch", kv_layout=layout,
+              speculative_config=_spec(pair, "draft_model", 3))
+    outputs = llm.generate(_prompts(), GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == plain_outputs
+    assert any(t["num_accepted_tokens"] for t in llm.get_step_trace())

@@ -20,7 +20,9 @@ from minirunner.llm import LLM
 # plain / transformers_assisted: for a speculative run (speculative_config given), the same runner
 # without speculation, and transformers' assisted generation (the same draft model, or its n-gram prompt
 # lookup) at batch size 1.
-COMPARE = ("transformers", "contiguous", "contiguous_exact", "plain", "transformers_assisted")
+# synchronous: for an async_scheduling run, the same speculative runner reading every step before the next.
+COMPARE = ("transformers", "contiguous", "contiguous_exact", "plain", "transformers_assisted",
+           "synchronous")
 # torch's thread count before any LLM sets its own: the transformers baseline also runs with it.
 _DEFAULT_THREADS = torch.get_num_threads()
 
@@ -43,7 +45,8 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
     ``contiguous`` / ``contiguous_exact`` (the same runner reserving max_model_len / prompt + max_tokens
     per request in a KV cache of the same size); with ``speculative_config``: ``plain`` (the same runner
     without speculation) and ``transformers_assisted`` (assisted generation on the same draft or n-gram
-    lookup, batch size 1). ``warmup``: "short" (two 8-token requests through each engine before its timed
+    lookup, batch size 1); with ``async_scheduling``: ``synchronous`` (the same speculative runner
+    without it). ``warmup``: "short" (two 8-token requests through each engine before its timed
     run, and a 2-token generate for transformers) or "workload" (the whole workload once, untimed, through
     every engine: the timed runs then meet no first-time costs, e.g. allocations at lengths the short
     warm-up never reached; ``graph_mode="compile"`` always warms with the workload, since every bucket
@@ -58,6 +61,9 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
     if spec is None and {"plain", "transformers_assisted"} & set(compare):
         raise ValueError("--compare plain / transformers_assisted compare a speculative run: give "
                          "--speculative-config too")
+    if "synchronous" in compare and not llm_kwargs.get("async_scheduling"):
+        raise ValueError("--compare synchronous compares an async_scheduling run with the same runner "
+                         "without it: give --async-scheduling too")
     if llm_kwargs.get("kv_layout", "paged") != "paged" and any(c.startswith("contig") for c in compare):
         raise ValueError("compare with a contiguous layout from the paged one (kv_layout='paged')")
     llm = LLM(model, **llm_kwargs)
@@ -75,7 +81,8 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
         label = f"minirunner ({cfg.kv_layout})"
     else:
         sc = llm.engine.spec.config
-        label = f"minirunner ({cfg.kv_layout}, {sc.method} k={sc.num_speculative_tokens})"
+        how = f"{sc.method} k={sc.num_speculative_tokens}"
+        label = f"minirunner ({cfg.kv_layout}, {how}{', async' if cfg.async_scheduling else ''})"
     results = [run_minirunner(llm, wl, label, use_tqdm)]
     threads = tuple(sorted({1, _DEFAULT_THREADS}))
     for c in compare:
@@ -92,15 +99,19 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
                                             threads=threads, assistant_dir=draft,
                                             prompt_lookup_num_tokens=lookup, warm_all=hf_warm))
         else:
-            layout = "paged" if c == "plain" else c
-            kw = dict(llm_kwargs, kv_layout=layout, num_kv_blocks=llm.engine.num_kv_blocks)
+            layout = "paged" if c in ("plain", "synchronous") else c
+            kw = dict(llm_kwargs, kv_layout=layout, num_kv_blocks=llm.engine.num_kv_blocks,
+                      async_scheduling=False)
+            name = f"minirunner ({layout})"
             if c == "plain":
                 kw.pop("speculative_config")
+                name = "minirunner (paged, no speculation)"
+            elif c == "synchronous":
+                name = f"minirunner (paged, {how}, synchronous)"
             kw.pop("kv_cache_memory_bytes", None)
             other = LLM(model, **kw)
             run_minirunner(other, warm)
-            results.append(run_minirunner(other, wl, f"minirunner ({layout})" if c != "plain"
-                                          else "minirunner (paged, no speculation)", use_tqdm))
+            results.append(run_minirunner(other, wl, name, use_tqdm))
             del other
     base = results[0]
     ratios = {}

@@ -126,6 +126,9 @@ class ContiguousKVManager:
     def cache_full_blocks(self, request: Request, num_tokens: int | None = None) -> None:
         """No prefix cache in a contiguous layout."""
 
+    def trim(self, request: Request) -> None:
+        """Nothing to return after rejected drafts: the reservation is the request's whole run."""
+
     # A reservation is private: no prefix cache to roll back, no shared block to copy on write.
     def begin_step(self) -> None:
         pass

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -92,8 +93,15 @@ class DraftModelProposer:
     def release(self, live_ids: set[str]) -> None:
         """Free the draft state of requests that are gone (finished or aborted)."""
         for rid in [r for r in self.seqs if r not in live_ids]:
-            self.kv.free(self.seqs.pop(rid))
-            self.runner.free_request(rid)
+            self.free(rid)
+
+    def free(self, request_id: str) -> None:
+        """Free one request's draft state: its shadow sequence, draft blocks and draft state row (the
+        engine calls it when the request finishes or is aborted)."""
+        seq = self.seqs.pop(request_id, None)
+        if seq is not None:
+            self.kv.free(seq)
+            self.runner.free_request(request_id)
 
     def _sync(self, request: Request) -> _DraftSeq:
         """Align the shadow sequence with the request's verified tokens, rolling back K/V past the
@@ -192,17 +200,11 @@ class DraftModelProposer:
                 out[seq.request_id][0].append(token)
                 out[seq.request_id][1].append(None)
             return
-        dev = self.device
-        temps = torch.tensor([r.params.temperature for r in reqs], dtype=torch.float32, device=dev)
-        top_k = torch.tensor([r.params.top_k for r in reqs], dtype=torch.int64, device=dev)
-        top_p = torch.tensor([r.params.top_p for r in reqs], dtype=torch.float32, device=dev)
-        seeds = torch.tensor([(r.seed ^ _DRAFT_SALT) & _SEED_MASK for r in reqs], dtype=torch.int64,
-                             device=dev)
-        positions = torch.tensor([seq.num_tokens for seq in sampling], dtype=torch.int64, device=dev)
-        sampler = sample if dev.type == "cuda" and HAS_TRITON else sample_ref
-        sampled = sampler(logits, temps, top_k, top_p, seeds, positions)
+        positions = torch.tensor([seq.num_tokens for seq in sampling], dtype=torch.int64,
+                                 device=self.device)
+        sampled, q = draw_drafts(logits, draft_sampling_params(reqs, self.device, logits.shape[-1]),
+                                 positions)
         self._keep_chain(inputs, sampled, scheduled)
-        q = probs_from_logits(logits, temps, top_k, top_p)
         for i, (seq, token) in enumerate(zip(sampling, sampled.tolist(), strict=True)):
             seq.tokens.append(token)
             out[seq.request_id][0].append(token)
@@ -214,6 +216,40 @@ class DraftModelProposer:
         (ModelRunner.prepare_next_decode) instead of from the host's token lists."""
         if inputs is not None and len(inputs.sample_requests) == len(scheduled):
             self._chain = (inputs, tokens)
+
+
+class DraftSampling(NamedTuple):
+    """The draft sampler's per-request parameters on the device, and whether any row needs the
+    top-k / top-p sort (decided on the host, so drawing reads nothing back)."""
+
+    temperatures: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    seeds: torch.Tensor  # salted: the draft's noise is independent of the target's
+    apply_filters: bool
+
+
+def draft_sampling_params(requests: list[Request], device: torch.device, vocab: int) -> DraftSampling:
+    """The draft sampler's parameters for these requests: their own, the seeds salted."""
+    return DraftSampling(
+        torch.tensor([r.params.temperature for r in requests], dtype=torch.float32, device=device),
+        torch.tensor([r.params.top_k for r in requests], dtype=torch.int64, device=device),
+        torch.tensor([r.params.top_p for r in requests], dtype=torch.float32, device=device),
+        torch.tensor([(r.seed ^ _DRAFT_SALT) & _SEED_MASK for r in requests], dtype=torch.int64,
+                     device=device),
+        any(0 < r.params.top_k < vocab or r.params.top_p < 1 for r in requests))
+
+
+def draw_drafts(logits: torch.Tensor, params: DraftSampling, positions: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One draft token per row from the draft's logits [rows, vocab], seeded by (salted seed, position
+    of the token drawn): (tokens int64 [rows], q fp32 [rows, vocab], the distribution each was drawn
+    from). Device ops only: nothing is read back."""
+    sampler = sample if logits.device.type == "cuda" and HAS_TRITON else sample_ref
+    p = params
+    tokens = sampler(logits, p.temperatures, p.top_k, p.top_p, p.seeds, positions,
+                     apply_filters=p.apply_filters)
+    return tokens, probs_from_logits(logits, p.temperatures, p.top_k, p.top_p)
 
 
 def _stack_probs(tokens: list[int], qs: list[torch.Tensor | None], vocab: int) -> torch.Tensor | None:

@@ -50,6 +50,9 @@ class NgramProposer:
     def release(self, live_ids: set[str]) -> None:
         """Nothing to free: the lookup keeps no state between steps."""
 
+    def free(self, request_id: str) -> None:
+        """Nothing to free (see :meth:`release`)."""
+
     def propose(self, requests, ks: list[int]) -> dict[str, tuple[list[int], None]]:
         out = {}
         for request, k in zip(requests, ks, strict=True):

@@ -92,21 +92,25 @@ class Speculator:
 
     def record(self, sampling: list[ScheduledRequest], runs: list[list[int]], verify_s: float):
         """Count what the verify step accepted; returns {request_id: [k, accepted]} for the trace."""
+        return self.record_runs([s.request for s in sampling], [len(s.draft_token_ids) for s in sampling],
+                                runs, self.last_propose_s, verify_s)
+
+    def record_runs(self, requests: list[Request], ks: list[int], runs: list[list[int]],
+                    propose_s: float, verify_s: float) -> dict[str, list[int]]:
+        """:meth:`record` for requests[i] having verified ks[i] drafts into runs[i]."""
         per_step = {}
-        for s, run in zip(sampling, runs, strict=True):
-            k = len(s.draft_token_ids)
+        for request, k, run in zip(requests, ks, runs, strict=True):
             if not k:
                 continue
             accepted = len(run) - 1
-            per_step[s.request.request_id] = [k, accepted]
+            per_step[request.request_id] = [k, accepted]
             self.stats.record(k, accepted)
-            if s.request.spec_stats is None:
-                s.request.spec_stats = SpecStats()
-            s.request.spec_stats.record(k, accepted)
+            if request.spec_stats is None:
+                request.spec_stats = SpecStats()
+            request.spec_stats.record(k, accepted)
         if per_step:
-            self.stats.propose_s += self.last_propose_s
+            self.stats.propose_s += propose_s
             self.stats.verify_s += verify_s
             if self.dynamic is not None:
-                self.dynamic.observe(self.last_propose_s, max(k for k, _ in per_step.values()),
-                                     verify_s)
+                self.dynamic.observe(propose_s, max(k for k, _ in per_step.values()), verify_s)
         return per_step

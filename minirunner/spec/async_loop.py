@@ -1,0 +1,372 @@
+"""AsyncSpeculation: draft-model speculative steps scheduled one step ahead (vLLM's async scheduling).
+
+Owns when the engine may launch step N + 1 before the host has read step N's accepted tokens, the launch
+itself, and reading a launched step's runs one step late. A step launched ahead is built on the device
+from the previous step's outputs: the acceptance update (how many drafts passed, the next position, the
+last two verified tokens) is a handful of tensor ops on the verify step's emitted runs, and it feeds the
+draft's first pass and the verify step's inputs directly. So on CUDA there is no host sync between one
+step's verification and the next step's input preparation: the host's one read of a step (its emitted
+runs, through a pinned buffer) waits for that step only, while the next is already queued.
+
+It runs while the batch is steady: every running request decode-ready, nothing waiting for a free seat
+(max_num_seqs), k >= 1 drafts
+for every request (no logits processors, logprobs or forks), one graph bucket for the batch, and room for
+the worst case (blocks of both caches allocated for two full steps of k + 1 tokens; max_len not reached
+within them). Anything else drains it: the launched step is read and applied, and the engine's
+synchronous step takes over (that is how new requests are admitted, preemption happens, and the tail of
+a request near max_tokens runs with fewer drafts). Stop checks run one step late: when a request stops
+at step N, what step N + 1 computed for it is thrown away (its K/V lies past its end, in its own blocks,
+which are freed; none of it was registered in the prefix cache, which takes verified blocks only).
+
+Every step's tokens are the synchronous engine's: the same graph steps run over the same inputs, the
+draft's noise and the rejection sampler are keyed by (seed, position). The draft's first pass feeds each
+request's last two verified tokens (one of them already in the draft cache unless every draft passed):
+a uniform query of 2, so no per-request count has to be known on the host.
+
+Timings (propose/verify) are host time around the launches: on a CPU the work itself, on CUDA only the
+launch (the device runs asynchronously).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from minirunner.graphs import EXTEND_KIND
+from minirunner.logits_processing import needs_logits_processing
+from minirunner.request import Request
+from minirunner.runner import ModelRunner, StepGraphInfo
+from minirunner.scheduler import ScheduledRequest, SchedulerOutput
+from minirunner.spec.draft_model import draft_sampling_params, draw_drafts
+
+
+@dataclass(eq=False)
+class _Launched:
+    """A step on the device whose runs the host has not read yet."""
+
+    requests: list[Request]
+    k: int
+    bucket: int
+    start: torch.Tensor  # int64 [n]: position of each request's first verify token (its last known one)
+    ids: torch.Tensor  # int64 [n, k + 1]: the verify step's tokens (last known token, then k drafts)
+    runs: torch.Tensor  # int64 [n, k + 1]: emitted runs, -1 after each ends (own storage)
+    host: torch.Tensor | None  # pinned copy of runs (CUDA), valid once ``ready`` has passed
+    ready: torch.cuda.Event | None
+    propose_s: float
+    verify_s: float
+    t0: float
+
+
+class AsyncSpeculation:
+    def __init__(self, engine):
+        self.engine = engine
+        self.spec = engine.spec
+        self.proposer = engine.spec.proposer  # a DraftModelProposer (checked by the engine)
+        self.target: ModelRunner = engine.runner
+        self.draft: ModelRunner = self.proposer.runner
+        self.device = engine.config.device
+        self.pending: _Launched | None = None
+        self._draft_params: tuple | None = None  # the segment's draft sampling parameters
+        self._sampled = False  # does any request of the segment sample (else greedy drafts, one-hot q)
+        self._qsl: dict[tuple[int, int], torch.Tensor] = {}
+        self.num_launched = 0  # speculative steps launched by this loop
+        self.check_no_sync = False  # CUDA: raise if preparing a step ahead waits for the device
+
+    # -- the engine's entry ---------------------------------------------------------------------
+    def step(self) -> list[tuple[Request, list[int]]] | None:
+        """One engine step: launch the next speculative step when the batch allows, and read the one
+        before it. None: nothing is in flight and the batch does not allow it (the engine runs its
+        synchronous step)."""
+        if self.pending is None:
+            plan = self._plan(ahead=False)
+            if plan is None:
+                return None
+            k, bucket = plan
+            self._begin_segment()
+            batch = list(self.engine.scheduler.running)
+            self.pending = self._guard(batch, lambda: self._launch_from_host(batch, k, bucket))
+            return []
+        prev = self.pending
+        plan = self._plan(ahead=True)
+        launched = None
+        if plan is not None:
+            launched = self._guard(prev.requests, lambda: self._launch_after(prev))
+        produced = self._apply(prev)
+        if launched is not None and any(r.is_finished for r in launched.requests):
+            produced = _merge(produced, self._apply(launched))  # stop checks one step late: drain
+            launched = None
+        self.pending = launched
+        if launched is None:
+            self._end_segment()
+        return produced
+
+    # -- when a step may be launched ahead -------------------------------------------------------
+    def _plan(self, ahead: bool) -> tuple[int, int] | None:
+        """(k, bucket) of the next step if it may be launched now, with its blocks allocated; None
+        otherwise. ``ahead``: a step is in flight, so the host's counts lag one step behind."""
+        engine = self.engine
+        running = engine.scheduler.running
+        waiting = engine.scheduler.waiting and len(running) < engine.scheduler.max_num_seqs
+        if not running or waiting or engine.keep_logits:
+            return None  # the synchronous step admits what waits while there is a free seat
+        if ahead and running != self.pending.requests:
+            return None  # a request finished or was aborted
+        k = self.spec.choose_k(len(running))
+        if k < 1 or (ahead and k != self.pending.k):
+            return None
+        bucket = self.target.graphs.verify_bucket(len(running), k)
+        if bucket is None or self.draft.graphs.bucket(len(running)) != bucket \
+                or bucket * 2 > self.draft.input_ids.shape[0]:
+            return None
+        steps = 2 if ahead else 1  # the step in flight, if any, and the one launched now
+        for r in running:
+            if r.num_computed_tokens != r.num_tokens - 1 or r.num_computed_tokens < 1 or r.fork_children \
+                    or needs_logits_processing(r) or r.params.logprobs is not None \
+                    or r.params.prompt_logprobs is not None \
+                    or r.num_tokens + steps * (k + 1) > r.max_len:
+                return None
+            if not ahead and not self._draft_ready(r):
+                return None
+        for r in running:  # worst case: every draft of every step accepted
+            seq = self.proposer.seqs[r.request_id]
+            end = r.num_computed_tokens + steps * (k + 1)  # target positions written, + 1
+            if not engine.kv.allocate(r, end - r.num_computed_tokens) \
+                    or not self.proposer.kv.allocate(seq, end - 1 - seq.num_computed_tokens):
+                if not ahead:  # give back what was taken (ahead: the segment's end does)
+                    for other in running:
+                        engine.kv.trim(other)
+                return None
+        return k, bucket
+
+    def _draft_ready(self, request: Request) -> bool:
+        """Does the draft cache hold the request's verified tokens up to the last two (which the first
+        draft pass feeds again)? True after a synchronous speculative step of this request."""
+        seq = self.proposer.seqs.get(request.request_id)
+        need = request.num_computed_tokens - 1
+        return seq is not None and seq.num_computed_tokens >= need \
+            and seq.tokens[:need] == request.all_token_ids[:need]
+
+    # -- segments -------------------------------------------------------------------------------
+    def _begin_segment(self) -> None:
+        batch = self.engine.scheduler.running
+        self._sampled = any(r.params.temperature > 0 for r in batch)
+        self._draft_params = draft_sampling_params(batch, self.device, self.draft.model.config.vocab_size) \
+            if self._sampled else None
+        for r in batch:  # draft K/V is known valid up to the verified tokens before the last two
+            self.proposer.seqs[r.request_id].num_computed_tokens = r.num_computed_tokens - 1
+
+    def _end_segment(self) -> None:
+        """Nothing is in flight any more: give back the blocks held for the worst case and hand the
+        draft's shadow sequences back to the synchronous proposer."""
+        engine = self.engine
+        for r in engine.scheduler.running:
+            engine.kv.trim(r)
+            seq = self.proposer.seqs.get(r.request_id)
+            if seq is not None:
+                seq.tokens = list(r.all_token_ids)
+                seq.num_verified = len(seq.tokens)
+
+    # -- launching ------------------------------------------------------------------------------
+    def _guard(self, batch: list[Request], launch):
+        """Run a launch; if it raises, abort the batch's requests (their K/V is in an unknown state)."""
+        try:
+            return launch()
+        except BaseException:
+            self.pending = None
+            engine = self.engine
+            engine.kv.drop_step_cache()
+            for r in batch:
+                if not r.is_finished:
+                    engine._free(r)
+                    r.finish("abort")
+            raise
+
+    @torch.inference_mode()
+    def _launch_from_host(self, batch: list[Request], k: int, bucket: int) -> _Launched:
+        """A segment's first step: positions and the last two tokens from the host's (exact) counts."""
+        with self._sync_check():
+            start = self._device_ints([r.num_computed_tokens for r in batch])
+            known = np.stack([r.token_buffer[r.num_computed_tokens - 1:r.num_computed_tokens + 1]
+                              for r in batch])
+            pair = self._device_ints(known)
+            return self._launch(batch, k, bucket, start, pair[:, 0], pair[:, 1])
+
+    @torch.inference_mode()
+    def _launch_after(self, prev: _Launched) -> _Launched:
+        """The acceptance update on the device — from ``prev``'s emitted runs, each request's accepted
+        count, its new last position and its last two tokens — then the launch of the next step."""
+        with self._sync_check():
+            a = (prev.runs >= 0).sum(dim=1, keepdim=True) - 1  # drafts accepted, per request
+            start = prev.start + a[:, 0] + 1  # the new last token's position
+            before, last = prev.ids.gather(1, a)[:, 0], prev.runs.gather(1, a)[:, 0]
+            return self._launch(prev.requests, prev.k, prev.bucket, start, before, last)
+
+    def _sync_check(self):
+        """With ``check_no_sync`` on CUDA: any operation that waits for the device raises (torch's sync
+        debug mode) while a step is prepared and launched ahead. Graph captures sync, so warm up first."""
+        if not (self.check_no_sync and self.device.type == "cuda"):
+            return contextlib.nullcontext()
+        return _sync_debug_error()
+
+    @torch.inference_mode()
+    def _launch(self, batch: list[Request], k: int, bucket: int, start: torch.Tensor,
+                before: torch.Tensor, last: torch.Tensor) -> _Launched:
+        """Queue one speculative step on the device: k draft passes, then the verify replay. start,
+        before, last: int64 [n] on the device, each request's last verified position and the tokens at
+        start - 1 and start. Reads nothing back."""
+        engine, n, t0 = self.engine, len(batch), time.perf_counter()
+        engine.kv.begin_step()
+        copies = engine.kv.take_copies()
+        self.target.copy_blocks([c[0] for c in copies], [c[1] for c in copies])
+        seqs = [self.proposer.seqs[r.request_id] for r in batch]
+        self._put_tables(self.draft, [self.draft.state.sync(s, self.proposer.kv.table(s.request_id))
+                                      for s in seqs], bucket)
+        # Draft pass 0: the last two verified tokens; then one pass per further draft.
+        tokens, qs = [], []
+        step_ids, positions = torch.stack((before, last), 1), torch.stack((start - 1, start), 1)
+        for j in range(k):
+            self._write_uniform(self.draft, bucket, n, step_ids, positions)
+            kind, q_len = (EXTEND_KIND, 2) if j == 0 else ("greedy", 1)
+            best, logits = self.draft.graphs.run(bucket, kind, q_len)
+            rows = torch.arange(n, device=self.device) * q_len + q_len - 1
+            if self._sampled:
+                token, q = draw_drafts(logits[rows], self._draft_params, start + j + 1)
+                qs.append(q)
+            else:
+                token = best[rows]
+            tokens.append(token)
+            step_ids, positions = token[:, None], (start + j + 1)[:, None]
+        propose_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        # The verify step: the last verified token and the k drafts, at start .. start + k.
+        ids = torch.cat((last[:, None], torch.stack(tokens, 1)), 1)
+        target = self.target
+        rows = [target.state.sync(r, engine.kv.table(r.request_id)) for r in batch]
+        self._put_tables(target, rows, bucket)
+        self._put_sampling(target, rows, bucket)
+        self._write_uniform(target, bucket, n, ids, start[:, None] + torch.arange(k + 1, device=self.device))
+        target.sample_positions[:n].copy_(start + 1)
+        if n < bucket:
+            target.sample_positions[n:bucket].zero_()
+        if self._sampled:
+            target.graphs.draft_probs_buffer()[:n * k].copy_(torch.stack(qs, 1).reshape(n * k, -1))
+        runs, _ = target.graphs.run(bucket, "verify" if self._sampled else "verify_onehot", k + 1)
+        runs = runs[:n].clone()  # the next replay overwrites the graph's outputs
+        host, ready = None, None
+        if runs.device.type == "cuda":
+            host = torch.empty(runs.shape, dtype=runs.dtype, pin_memory=True)
+            host.copy_(runs, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        self.num_launched += 1
+        return _Launched(list(batch), k, bucket, start, ids, runs, host, ready, propose_s,
+                         time.perf_counter() - t1, t0)
+
+    def _write_uniform(self, runner: ModelRunner, bucket: int, n: int, ids: torch.Tensor,
+                       positions: torch.Tensor) -> None:
+        """Rows [0, bucket) of a runner's step buffers for a uniform graph step of q tokens per row,
+        written on the device: rows < n from ids and positions (int64 [n, q]), slots from the block
+        tables already in the buffer; rows >= n padding rows (token 0, position 0, slot -1, seq_len 0),
+        query_start_loc 0, q, 2q, ... as ``ModelRunner.write_padding_rows`` leaves them."""
+        q, bs = ids.shape[1], runner.block_size
+        m, total = n * q, bucket * q
+        slots = runner.block_tables[:n].long().gather(1, positions // bs) * bs + positions % bs
+        for buf, value, pad in ((runner.input_ids, ids, 0), (runner.positions, positions, 0),
+                                (runner.slot_mapping, slots, -1)):
+            buf[:m].copy_(value.reshape(-1))
+            if m < total:
+                buf[m:total].fill_(pad)
+        runner.seq_lens[:n].copy_(positions[:, -1] + 1)
+        if n < bucket:
+            runner.seq_lens[n:bucket].zero_()
+        qsl = self._qsl.get((bucket, q))
+        if qsl is None:
+            qsl = self._qsl[(bucket, q)] = torch.arange(bucket + 1, dtype=torch.int32,
+                                                        device=self.device) * q
+        runner.query_start_loc[:bucket + 1].copy_(qsl)
+
+    def _put_tables(self, runner: ModelRunner, rows: list[int], bucket: int) -> None:
+        """The batch's block-table rows at full width (zeros for padding rows), host to device."""
+        tables = np.zeros((bucket, runner.max_blocks_per_seq), dtype=np.int32)
+        tables[:len(rows)] = runner.state.block_tables[rows]
+        runner.block_tables[:bucket].copy_(self._staged(tables), non_blocking=True)
+
+    def _put_sampling(self, runner: ModelRunner, rows: list[int], bucket: int) -> None:
+        """The verify step's sampling parameters (padding rows greedy), host to device."""
+        state, pad = runner.state, bucket - len(rows)
+        for buf, values, fill in ((runner.temperatures, state.temperature, 0),
+                                  (runner.top_k, state.top_k, 0), (runner.top_p, state.top_p, 1),
+                                  (runner.seeds, state.seed, 0)):
+            arr = np.concatenate((values[rows], np.full(pad, fill, dtype=values.dtype)))
+            buf[:bucket].copy_(self._staged(arr), non_blocking=True)
+
+    def _staged(self, arr: np.ndarray) -> torch.Tensor:
+        """A host array as a tensor a non-blocking copy may read: fresh pinned memory on CUDA (torch's
+        pinned allocator reuses a block only once the copies reading it are done), the array itself on a
+        CPU."""
+        t = torch.from_numpy(np.ascontiguousarray(arr))
+        return t.pin_memory() if self.device.type == "cuda" else t
+
+    def _device_ints(self, values) -> torch.Tensor:
+        return self._staged(np.asarray(values, dtype=np.int64)).to(self.device, non_blocking=True)
+
+    # -- reading a step -------------------------------------------------------------------------
+    def _apply(self, step: _Launched) -> list[tuple[Request, list[int]]]:
+        """Read a launched step's runs (waiting for that step only) and apply them as the synchronous
+        engine does: counts, metrics, tokens with stop checks, finished requests freed, a trace entry.
+        Requests that finished or were aborted since the launch are skipped."""
+        engine = self.engine
+        if step.ready is not None:
+            step.ready.synchronize()
+            runs = step.host.tolist()
+        else:
+            runs = step.runs.tolist()
+        runs = [[t for t in row if t >= 0] for row in runs]
+        live = [(r, run) for r, run in zip(step.requests, runs, strict=True) if not r.is_finished]
+        produced, done, finished = [], [], []
+        for r, run in live:
+            c, a = r.num_computed_tokens, len(run) - 1
+            r.num_computed_tokens = c + a + 1
+            # the draft cache holds the verified tokens through c + min(a, k - 1)
+            self.proposer.seqs[r.request_id].num_computed_tokens = c + min(a, step.k - 1) + 1
+            engine.kv.cache_full_blocks(r)
+            produced.append((r, engine._append_run(r, run, done, finished)))
+        spec_runs = self.spec.record_runs([r for r, _ in live], [step.k] * len(live),
+                                          [run for _, run in live], step.propose_s, step.verify_s)
+        occupancy = engine._occupancy()
+        for r in done:
+            engine._free(r)
+        engine.runner.last_step = StepGraphInfo(self.target.graphs.mode, step.bucket,
+                                                step.bucket - len(step.requests))
+        sched = SchedulerOutput([ScheduledRequest(r, step.k + 1, [0] * step.k) for r, _ in live])
+        engine._record(sched, finished, occupancy, sum(len(t) for _, t in produced),
+                       time.perf_counter() - step.t0)
+        engine.trace[-1].scheduled_ahead = True
+        if spec_runs:
+            engine._record_spec(spec_runs, step.propose_s, step.verify_s)
+        return produced
+
+
+@contextlib.contextmanager
+def _sync_debug_error():
+    old = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(old)
+
+
+def _merge(first: list[tuple[Request, list[int]]], second: list[tuple[Request, list[int]]]):
+    """Two steps' (request, tokens) lists as one: a request's tokens concatenated, first-seen order."""
+    out: dict[int, tuple[Request, list[int]]] = {}
+    for r, tokens in first + second:
+        if id(r) in out:
+            out[id(r)][1].extend(tokens)
+        else:
+            out[id(r)] = (r, list(tokens))
+    return list(out.values())

@@ -1,0 +1,132 @@
+"""Speculative steps scheduled one step ahead (async_scheduling=True, spec/async_loop.py) on a CPU under
+graph_mode="compile": the tokens are the synchronous engine's (greedy: plain greedy decoding; seeded
+sampling: the synchronous speculative run) with stops that land one step late, a tiny KV budget
+(preemption), prefix caching and an abort in the middle of a run; both pools stay consistent and are empty
+at the end; unverified tokens never enter the prefix cache. Misconfigurations are refused.
+
+torch.compile takes seconds per bucket, so the engines have a one-rung ladder ([2]) and k = 2.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_spec_decode import _cached_hashes_are_verified, _prompts, _run, _spec, pair  # noqa: F401
+
+from minirunner import LLM, SamplingParams
+
+K = 2
+COMMON = dict(device="cpu", attention_backend="torch", block_size=4, max_num_seqs=2)
+
+
+def _async(pair, **extra):  # noqa: F811
+    return LLM(pair["target"], speculative_config=_spec(pair, "draft_model", K), graph_mode="compile",
+               cudagraph_capture_sizes=[2], async_scheduling=True, **{**COMMON, **extra})
+
+
+@pytest.fixture(scope="module")
+def ahead(pair):  # noqa: F811
+    return _async(pair, enable_prefix_caching=True)
+
+
+@pytest.fixture(scope="module")
+def sync(pair):  # noqa: F811
+    return LLM(pair["target"], speculative_config=_spec(pair, "draft_model", K), **COMMON)
+
+
+def _ahead_steps(llm):
+    return [t for t in llm.get_step_trace() if t["scheduled_ahead"]]
+
+
+def _drive(llm, prompts, params):
+    """The engine step by step with per-prompt params, both pools' invariants checked after each."""
+    engine = llm.engine
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.kv.check_invariants()
+        engine.spec.proposer.kv.check_invariants()
+    return [engine.pop_finished(i) for i in ids]
+
+
+def _stopping_params(prompts, sync, temperature):
+    """Per-prompt params whose stops land inside the runs: max_tokens of different lengths, and a stop
+    token id taken from the middle of the synchronous output (so the request stops there)."""
+    params = []
+    for i, p in enumerate(prompts):
+        base = SamplingParams(temperature=temperature, seed=11 + i, max_tokens=12 + 3 * i,
+                              ignore_eos=True)
+        out = sync.generate([p], base, use_tqdm=False)[0].outputs[0].token_ids
+        stop = [out[7 + i % 3]] if i % 2 else []
+        params.append(SamplingParams(temperature=temperature, seed=11 + i, max_tokens=12 + 3 * i,
+                                     ignore_eos=True, stop_token_ids=stop))
+    return params
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_steps_scheduled_ahead_give_the_synchronous_tokens(pair, ahead, sync, temperature):  # noqa: F811
+    prompts = _prompts(6)
+    params = _stopping_params(prompts, sync, temperature)
+    sync_outputs = sync.generate(prompts, params, use_tqdm=False)
+    ahead.clear_step_trace()
+    ahead_outputs = _drive(ahead, prompts, params)
+    got, want = [o.outputs[0] for o in ahead_outputs], [o.outputs[0] for o in sync_outputs]
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert [o.finish_reason for o in got] == [o.finish_reason for o in want]
+    # the same drafts were proposed and accepted (greedy tokens alone cannot tell a wrong draft)
+    counts = ("num_steps", "num_draft_tokens", "num_accepted_tokens")
+    assert [[o.metrics.spec_decode[c] for c in counts] for o in ahead_outputs] \
+        == [[o.metrics.spec_decode[c] for c in counts] for o in sync_outputs]
+    steps = _ahead_steps(ahead)
+    assert len(steps) >= 10, "too few steps were scheduled ahead for the test to mean anything"
+    assert all(t["graph"] == "compile" and t["num_draft_tokens"] for t in steps)
+    assert any(t["num_padded_rows"] for t in steps), "no step ahead ran a padded bucket"
+    # some request stopped at a step whose successor was already launched (the one-step-late drain)
+    assert any(t["finished_ids"] for t in steps)
+    engine = ahead.engine
+    assert engine.block_pool.num_used_blocks == 0 and engine.spec.proposer.kv.pool.num_used_blocks == 0
+    assert engine.async_spec.pending is None
+
+
+def test_greedy_ahead_is_lossless_with_preemption_and_prefix_caching(pair):  # noqa: F811
+    prompts = _prompts(8)
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLM(pair["target"], **COMMON)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, greedy, use_tqdm=False)]
+    tiny = _async(pair, enable_prefix_caching=True, num_kv_blocks=26)
+    outputs = _run(tiny, prompts, greedy)
+    assert [o.outputs[0].token_ids for o in outputs] == want
+    trace = tiny.get_step_trace()
+    assert sum(t["num_preempted"] for t in trace) > 0, "the KV budget forced no preemption"
+    assert _ahead_steps(tiny)
+    _cached_hashes_are_verified(tiny.engine, outputs)
+
+
+def test_abort_while_a_step_is_in_flight_keeps_the_others_and_frees_everything(ahead, sync):
+    prompts = _prompts(2, seed=5)
+    greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    want = sync.generate([prompts[1]], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    engine = ahead.engine
+    ids = [engine.add_request(p, greedy) for p in prompts]
+    while engine.async_spec.pending is None:
+        engine.step()
+    engine.abort_request(ids[0])
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.kv.check_invariants()
+        engine.spec.proposer.kv.check_invariants()
+    assert engine.pop_finished(ids[0]).outputs[0].finish_reason == "abort"
+    assert engine.pop_finished(ids[1]).outputs[0].token_ids == want
+    assert engine.block_pool.num_used_blocks == 0 and engine.spec.proposer.kv.pool.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("extra, message", [
+    (dict(speculative_config=None, graph_mode="compile"), "method': 'draft_model"),
+    (dict(method="ngram", graph_mode="compile"), "n-gram lookup reads the accepted tokens"),
+    (dict(graph_mode="none"), r"'compile' \(CPU\)"),
+])
+def test_misconfigured_async_scheduling_is_refused(pair, extra, message):  # noqa: F811
+    extra = dict(extra)
+    spec = _spec(pair, extra.pop("method", "draft_model"), K)
+    spec = extra.pop("speculative_config", spec)
+    with pytest.raises(ValueError, match=message):
+        LLM(pair["target"], speculative_config=spec, async_scheduling=True, **{**COMMON, **extra})
