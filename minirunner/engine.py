@@ -276,7 +276,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         self.kv.begin_step()
         if self.spec is not None:
-            # A finished request's draft KV is freed now, not when its output is popped.
+            # A finished request's draft KV went back in _free; any other non-live state goes here.
             self.spec.propose(self.scheduler.running,
                               {rid for rid, r in self.requests.items() if not r.is_finished})
         sched = self.scheduler.schedule()
