@@ -31,10 +31,11 @@ def case(workload: str, method: str, k: int, max_tokens: int, num_requests: int,
     if method == "ngram":
         spec.update(prompt_lookup_min=1, prompt_lookup_max=lookup_max)
     ahead = async_scheduling and method == "draft_model"
+    compare = ["plain", "transformers", "transformers_assisted"] + (["synchronous"] if ahead else [])
     return dict(workload=workload, num_requests=num_requests, output_len=(max_tokens, max_tokens),
                 max_num_seqs=1, hf_batch_size=1, speculative_config=spec, device=device,
                 graph_mode=graph_mode, num_threads=num_threads, warmup=warmup, async_scheduling=ahead,
-                compare=["plain", "transformers", "transformers_assisted"] + ["synchronous"] * ahead)
+                compare=compare)
 
 
 def command_line(kw: dict) -> str:

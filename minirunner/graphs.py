@@ -35,10 +35,8 @@ SAMPLER_KINDS = ("greedy", "sample", "filter")
 # model's q read from a static buffer ("verify") or one-hot drafts (n-gram: "verify_onehot"). Greedy,
 # temperature and top-k / top-p rows are all handled inside it.
 VERIFY_KINDS = ("verify", "verify_onehot")
-# A uniform multi-token step that only computes logits (every row's last query row is the one read): the
-# draft model's first pass of a step scheduled ahead (minirunner/spec/async_loop.py), which feeds each
-# request's last two verified tokens.
-EXTEND_KIND = "extend"
+# "greedy" also runs at query_len q > 1: a uniform multi-token step returning every token row's argmax and
+# logits (the draft model's 2-token first pass of a step scheduled ahead, minirunner/spec/async_loop.py).
 # Inductor's freezing folds the weights into the compiled step as constants and prepacks them for the
 # CPU's matmul kernels: measured on the embedded model at batch 1 it is what makes "compile" beat eager
 # by more than removing dispatch alone (benchmarks/graphs.py). The price: weights changed after a bucket
@@ -151,14 +149,14 @@ class DecodeGraphs:
         Verify (query_len k + 1, a VERIFY_KINDS kind): every row holds its last known token then its
         k drafts; returns (the emitted run of each row int64 [size, k + 1], -1 after it ends; fp32
         logits [size * (k + 1), vocab]): which drafts pass is decided on the device, in the step.
-        Extend (query_len q > 1, EXTEND_KIND): returns (the argmax of every token row int64 [size * q],
-        fp32 logits [size * q, vocab]).
+        "greedy" at query_len q > 1: returns (the argmax of every token row int64 [size * q], fp32
+        logits [size * q, vocab]).
         Compiling or capturing it is what ``run`` does; calling it directly runs the same math eagerly
         (a notebook can)."""
         if query_len == 1 and kind not in SAMPLER_KINDS \
-                or query_len > 1 and kind not in (*VERIFY_KINDS, EXTEND_KIND):
+                or query_len > 1 and kind not in (*VERIFY_KINDS, "greedy"):
             raise ValueError(f"sampler kind {kind!r} does not fit query_len={query_len}: decode takes "
-                             f"{SAMPLER_KINDS}, query_len > 1 takes {VERIFY_KINDS} or {EXTEND_KIND!r}")
+                             f"{SAMPLER_KINDS}, query_len > 1 takes {VERIFY_KINDS} or 'greedy'")
         r = self.runner
         meta = r.static_meta(size, query_len)
         model, backend, caches = r.model, r.backend, r.kv_caches
@@ -166,14 +164,7 @@ class DecodeGraphs:
         params = (r.temperatures[:size], r.top_k[:size], r.top_p[:size], r.seeds[:size],
                   r.sample_positions[:size])
         on_gpu = r.device.type == "cuda" and HAS_TRITON
-        if kind == EXTEND_KIND:
-            def extend_step():
-                backend.plan_static(meta)
-                logits = model.compute_logits(model(input_ids, meta, caches, backend))
-                return logits.argmax(dim=-1), logits
-
-            return extend_step
-        if query_len > 1:
+        if kind in VERIFY_KINDS:
             k = query_len - 1
             cu = self._verify_cu.setdefault(
                 (size, k), torch.arange(1, size + 1, device=r.device, dtype=torch.int64) * k)
@@ -212,7 +203,7 @@ class DecodeGraphs:
             step = self._steps.get(key)
             if step is None:
                 name = f"decode_step_b{size}_{kind}" if query_len == 1 else \
-                    f"{'extend' if kind == EXTEND_KIND else 'verify'}_step_b{size}_q{query_len}_{kind}"
+                    f"{'verify' if kind in VERIFY_KINDS else 'extend'}_step_b{size}_q{query_len}_{kind}"
                 fn = _own_code(self.step_fn(size, kind, query_len), name)
                 step = self._steps[key] = torch.compile(fn, dynamic=False, fullgraph=True,
                                                          options=COMPILE_OPTIONS)

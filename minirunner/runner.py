@@ -314,21 +314,33 @@ class ModelRunner:
                      bucket: int, query_len: int):
         """Pad a uniform batch's arrays to ``bucket`` rows (of ``query_len`` tokens each) and write the
         graph step's static buffers."""
-        state, pad = self.state, bucket - len(rows)
+        pad = bucket - len(rows)
 
         def padded(arr, value, per_row=1):
             return np.concatenate((arr, np.full(pad * per_row, value, dtype=arr.dtype)))
 
-        tables = np.zeros((bucket, self.max_blocks_per_seq), dtype=np.int32)
-        tables[:len(rows)] = state.block_tables[rows]  # full width: a static shape for the step
-        self._put(self.block_tables, tables)
-        self._put(self.temperatures, padded(state.temperature[rows], 0))
-        self._put(self.top_k, padded(state.top_k[rows], 0))
-        self._put(self.top_p, padded(state.top_p[rows], 1))
-        self._put(self.seeds, padded(state.seed[rows], 0))
+        for buf, arr in self.graph_rows(rows, bucket):
+            self._put(buf, arr)
         q = query_len
         return (padded(ids, 0, q), padded(positions, 0, q), padded(slots, -1, q), padded(seq_lens, 0),
                 np.arange(bucket + 1, dtype=np.int32) * q, padded(sample_positions, 0))
+
+    def graph_rows(self, rows: np.ndarray, bucket: int, sampling: bool = True
+                   ) -> list[tuple[torch.Tensor, np.ndarray]]:
+        """What a graph step of ``bucket`` rows reads from the state rows ``rows`` (padding rows after
+        them), as (static buffer, host array) pairs for the caller to write: the block tables at full
+        width (a static shape; zeros for padding), and with ``sampling`` the temperatures (padding:
+        0, greedy), top-k (0), top-p (1) and seeds (0)."""
+        state, pad = self.state, bucket - len(rows)
+        tables = np.zeros((bucket, self.max_blocks_per_seq), dtype=np.int32)
+        tables[:len(rows)] = state.block_tables[rows]
+        out = [(self.block_tables, tables)]
+        if sampling:
+            out += [(buf, np.concatenate((values[rows], np.full(pad, fill, dtype=values.dtype))))
+                    for buf, values, fill in ((self.temperatures, state.temperature, 0),
+                                              (self.top_k, state.top_k, 0), (self.top_p, state.top_p, 1),
+                                              (self.seeds, state.seed, 0))]
+        return out
 
     def graph_bucket(self, scheduled: list[ScheduledRequest]) -> tuple[int, int] | None:
         """(bucket, query_len) of the step this batch replays, or None (eager). Decode (query_len 1):

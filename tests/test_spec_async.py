@@ -37,17 +37,6 @@ def _ahead_steps(llm):
     return [t for t in llm.get_step_trace() if t["scheduled_ahead"]]
 
 
-def _drive(llm, prompts, params):
-    """The engine step by step with per-prompt params, both pools' invariants checked after each."""
-    engine = llm.engine
-    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
-    while engine.has_unfinished_requests():
-        engine.step()
-        engine.kv.check_invariants()
-        engine.spec.proposer.kv.check_invariants()
-    return [engine.pop_finished(i) for i in ids]
-
-
 def _stopping_params(prompts, sync, temperature):
     """Per-prompt params whose stops land inside the runs: max_tokens of different lengths, and a stop
     token id taken from the middle of the synchronous output (so the request stops there)."""
@@ -68,7 +57,7 @@ def test_steps_scheduled_ahead_give_the_synchronous_tokens(pair, ahead, sync, te
     params = _stopping_params(prompts, sync, temperature)
     sync_outputs = sync.generate(prompts, params, use_tqdm=False)
     ahead.clear_step_trace()
-    ahead_outputs = _drive(ahead, prompts, params)
+    ahead_outputs = _run(ahead, prompts, params)
     got, want = [o.outputs[0] for o in ahead_outputs], [o.outputs[0] for o in sync_outputs]
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert [o.finish_reason for o in got] == [o.finish_reason for o in want]

@@ -53,9 +53,11 @@ def _prompts(n=16, vocab=96, seed=0):
 
 
 def _run(llm, prompts, params, check=None):
-    """Drive the engine step by step, checking both pools' invariants after every step."""
+    """Drive the engine step by step, checking both pools' invariants after every step. params: one
+    SamplingParams for every prompt, or a list of one per prompt."""
     engine = llm.engine
-    ids = [engine.add_request(p, params) for p in prompts]
+    params = params if isinstance(params, list) else [params] * len(prompts)
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
     while engine.has_unfinished_requests():
         engine.step()
         engine.kv.check_invariants()

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from minirunner.graphs import EXTEND_KIND
 from minirunner.logits_processing import needs_logits_processing
 from minirunner.request import Request
 from minirunner.runner import ModelRunner, StepGraphInfo
@@ -152,6 +151,8 @@ class AsyncSpeculation:
 
     # -- segments -------------------------------------------------------------------------------
     def _begin_segment(self) -> None:
+        """A run of steps ahead starts: the batch's draft sampling parameters, and the draft K/V each
+        request is known to hold."""
         batch = self.engine.scheduler.running
         self._sampled = any(r.params.temperature > 0 for r in batch)
         self._draft_params = draft_sampling_params(batch, self.device, self.draft.model.config.vocab_size) \
@@ -223,21 +224,22 @@ class AsyncSpeculation:
         copies = engine.kv.take_copies()
         self.target.copy_blocks([c[0] for c in copies], [c[1] for c in copies])
         seqs = [self.proposer.seqs[r.request_id] for r in batch]
-        self._put_tables(self.draft, [self.draft.state.sync(s, self.proposer.kv.table(s.request_id))
-                                      for s in seqs], bucket)
+        self._stage_rows(self.draft, [self.draft.state.sync(s, self.proposer.kv.table(s.request_id))
+                                    for s in seqs], bucket, sampling=False)
         # Draft pass 0: the last two verified tokens; then one pass per further draft.
         tokens, qs = [], []
         step_ids, positions = torch.stack((before, last), 1), torch.stack((start - 1, start), 1)
         for j in range(k):
             self._write_uniform(self.draft, bucket, n, step_ids, positions)
-            kind, q_len = (EXTEND_KIND, 2) if j == 0 else ("greedy", 1)
-            best, logits = self.draft.graphs.run(bucket, kind, q_len)
-            rows = torch.arange(n, device=self.device) * q_len + q_len - 1
+            q_len = step_ids.shape[1]
+            best, logits = self.draft.graphs.run(bucket, "greedy", q_len)
+            # each request's last token row (views: no index tensor)
+            best, logits = best.view(bucket, q_len)[:n, -1], logits.view(bucket, q_len, -1)[:n, -1]
             if self._sampled:
-                token, q = draw_drafts(logits[rows], self._draft_params, start + j + 1)
+                token, q = draw_drafts(logits, self._draft_params, start + j + 1)
                 qs.append(q)
             else:
-                token = best[rows]
+                token = best
             tokens.append(token)
             step_ids, positions = token[:, None], (start + j + 1)[:, None]
         propose_s = time.perf_counter() - t0
@@ -246,8 +248,7 @@ class AsyncSpeculation:
         ids = torch.cat((last[:, None], torch.stack(tokens, 1)), 1)
         target = self.target
         rows = [target.state.sync(r, engine.kv.table(r.request_id)) for r in batch]
-        self._put_tables(target, rows, bucket)
-        self._put_sampling(target, rows, bucket)
+        self._stage_rows(target, rows, bucket, sampling=True)
         self._write_uniform(target, bucket, n, ids, start[:, None] + torch.arange(k + 1, device=self.device))
         target.sample_positions[:n].copy_(start + 1)
         if n < bucket:
@@ -289,19 +290,10 @@ class AsyncSpeculation:
                                                         device=self.device) * q
         runner.query_start_loc[:bucket + 1].copy_(qsl)
 
-    def _put_tables(self, runner: ModelRunner, rows: list[int], bucket: int) -> None:
-        """The batch's block-table rows at full width (zeros for padding rows), host to device."""
-        tables = np.zeros((bucket, runner.max_blocks_per_seq), dtype=np.int32)
-        tables[:len(rows)] = runner.state.block_tables[rows]
-        runner.block_tables[:bucket].copy_(self._staged(tables), non_blocking=True)
-
-    def _put_sampling(self, runner: ModelRunner, rows: list[int], bucket: int) -> None:
-        """The verify step's sampling parameters (padding rows greedy), host to device."""
-        state, pad = runner.state, bucket - len(rows)
-        for buf, values, fill in ((runner.temperatures, state.temperature, 0),
-                                  (runner.top_k, state.top_k, 0), (runner.top_p, state.top_p, 1),
-                                  (runner.seeds, state.seed, 0)):
-            arr = np.concatenate((values[rows], np.full(pad, fill, dtype=values.dtype)))
+    def _stage_rows(self, runner: ModelRunner, rows: list[int], bucket: int, sampling: bool) -> None:
+        """The batch's block-table rows (and with ``sampling`` its sampling parameters), padded to the
+        bucket as ``ModelRunner.graph_rows`` lays them out, host to device without blocking."""
+        for buf, arr in runner.graph_rows(np.asarray(rows, dtype=np.int64), bucket, sampling):
             buf[:bucket].copy_(self._staged(arr), non_blocking=True)
 
     def _staged(self, arr: np.ndarray) -> torch.Tensor:
