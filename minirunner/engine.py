@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import os
 import random
 import time
@@ -25,6 +24,7 @@ import torch
 from minirunner.attention import get_backend_class, resolve_backend_name
 from minirunner.config import EngineConfig, ModelConfig
 from minirunner.detokenizer import IncrementalDetokenizer
+from minirunner.generation_config import generation_eos_ids
 from minirunner.kv.contiguous import ContiguousKVManager
 from minirunner.kv.manager import KVCacheManager
 from minirunner.logprobs import collect_step_logprobs
@@ -54,7 +54,7 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.model)
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_token_ids = (frozenset(self.model_config.eos_token_ids)
-                              | _generation_eos(config.model)
+                              | generation_eos_ids(config.model)
                               | frozenset(() if tokenizer_eos is None else (tokenizer_eos,)))
         torch.manual_seed(config.seed)
         self.num_threads = _configure_cpu_threads(config, self.model_config)
@@ -466,16 +466,3 @@ def _configure_cpu_threads(config: EngineConfig, model_config: ModelConfig) -> i
         else:
             torch.set_num_threads(config.num_threads)
     return torch.get_num_threads()
-
-
-def _generation_eos(model_dir: str) -> frozenset[int]:
-    path = Path(model_dir) / "generation_config.json"
-    if not path.is_file():
-        return frozenset()
-    try:
-        eos = json.loads(path.read_text()).get("eos_token_id")
-    except (json.JSONDecodeError, OSError):
-        return frozenset()
-    if eos is None:
-        return frozenset()
-    return frozenset(eos if isinstance(eos, list) else [eos])
