@@ -80,3 +80,51 @@ def parse_int(answer: Any) -> int | None:
         except ValueError:
             return None
     return None
+
+
+class NotImplementedYet(NotImplementedError):
+    """Raised by an untouched implement-it stub; the checker turns it into "not implemented yet"."""
+
+
+@dataclass
+class ImplementIt:
+    """An implement-it task: the student writes a function; ``check(fn)`` runs it on seeded cases
+    against a reference and says, for the first case that differs, what was passed, what came back and
+    what was expected.
+
+    ``cases`` are keyword-argument dicts for both functions. ``reference`` is passed in (a simulator never
+    imports the runner: a notebook hands the runner's twin in as data). ``same(got, expected)`` compares
+    two results (``==`` by default; pass e.g. ``torch.equal`` or an ``allclose``). A stub that raises
+    ``NotImplementedYet`` (or ``NotImplementedError``) gets "not implemented yet" with ``hint``.
+    """
+
+    name: str
+    reference: Callable[..., Any] = field(repr=False)
+    cases: list[dict] = field(repr=False)
+    same: Callable[[Any, Any], bool] = field(default=lambda a, b: a == b, repr=False)
+    hint: str = "fill in the function body and run the cell again."
+    show: Callable[[Any], str] = field(default=repr, repr=False)
+
+    def check(self, fn: Callable[..., Any]) -> Verdict:
+        for i, case in enumerate(self.cases):
+            expected = self.reference(**case)
+            try:
+                got = fn(**case)
+            except NotImplementedError:
+                return Verdict(False, f"{self.name} is not implemented yet: {self.hint}", answered=False)
+            except Exception as e:  # a student's bug is a verdict, not a crash of the notebook
+                return Verdict(False, f"case {i} ({_args(case, self.show)}) raised "
+                                      f"{type(e).__name__}: {e}")
+            try:
+                ok = bool(self.same(got, expected))
+            except Exception as e:
+                ok, expected = False, f"{self.show(expected)} (comparing raised {type(e).__name__}: {e})"
+            if not ok:
+                return Verdict(False, f"case {i} ({_args(case, self.show)}): got {self.show(got)}, "
+                                      f"expected {self.show(expected)}")
+        return Verdict(True, f"{self.name} agrees with the reference on all {len(self.cases)} cases")
+
+
+def _args(case: dict, show: Callable[[Any], str]) -> str:
+    text = ", ".join(f"{k}={show(v)}" for k, v in case.items())
+    return text if len(text) <= 200 else text[:197] + "..."
