@@ -98,7 +98,11 @@ class DecodeGraphs:
     def __init__(self, runner, mode: str, sizes: Sequence[int], max_draft_tokens: int = 0):
         if mode not in ("compile", "cuda"):
             raise ValueError(f"DecodeGraphs runs graph_mode 'compile' or 'cuda', not {mode!r}")
-        self.runner, self.mode, self.sizes = runner, mode, list(sizes)
+        # vLLM caps cudagraph_capture_sizes by max_num_batched_tokens: a bucket's rows are token rows of
+        # the static buffers, so a bucket larger than the token budget could never be written.
+        self.max_tokens = runner.input_ids.shape[0]
+        self.runner, self.mode = runner, mode
+        self.sizes = [s for s in sizes if s <= self.max_tokens]
         self._steps: dict[tuple[int, str, int], Callable[[], tuple[torch.Tensor, torch.Tensor]]] = {}
         self._graphs: dict[tuple[int, str, int], tuple[torch.cuda.CUDAGraph, tuple]] = {}
         self.max_draft_tokens = max_draft_tokens
@@ -117,18 +121,21 @@ class DecodeGraphs:
         if hasattr(backend, "split_decode_by_length"):
             backend.split_decode_by_length = False  # one static decode group, whatever the lengths
 
-    def bucket(self, batch_size: int) -> int | None:
-        return bucket_for(batch_size, self.sizes)
+    def bucket(self, batch_size: int, query_len: int = 1) -> int | None:
+        """The bucket a uniform step of ``batch_size`` requests at ``query_len`` tokens each replays, or
+        None (eager): the smallest size >= batch_size whose padded rows fit the static token buffers.
+        The one rule for decode, verify and the draft's multi-token passes alike."""
+        size = bucket_for(batch_size, self.sizes)
+        if size is None or size * query_len > self.max_tokens:
+            return None
+        return size
 
     def verify_bucket(self, batch_size: int, k: int) -> int | None:
         """The bucket of a uniform verify step of ``batch_size`` requests with k drafts each, or None
         (eager): k within max_draft_tokens, the backend's plan takes it, its tokens fit the buffers."""
         if not (1 <= k <= self.max_draft_tokens) or not self.runner.backend.supports_verify_graphs:
             return None
-        size = self.bucket(batch_size)
-        if size is None or size * (k + 1) > self.runner.input_ids.shape[0]:
-            return None
-        return size
+        return self.bucket(batch_size, k + 1)
 
     def draft_probs_buffer(self) -> torch.Tensor:
         """The static [largest bucket * max_draft_tokens, vocab] fp32 buffer a "verify" step reads the
@@ -136,7 +143,7 @@ class DecodeGraphs:
         the sampler reads as q = 0: never accepted)."""
         if self._draft_probs is None:
             r = self.runner
-            self._draft_probs = torch.zeros(max(self.sizes) * self.max_draft_tokens,
+            self._draft_probs = torch.zeros(max(self.sizes, default=0) * self.max_draft_tokens,
                                             r.model.config.vocab_size, dtype=torch.float32,
                                             device=r.device)
         return self._draft_probs

@@ -118,8 +118,7 @@ class AsyncSpeculation:
         if k < 1 or (ahead and k != self.pending.k):
             return None
         bucket = self.target.graphs.verify_bucket(len(running), k)
-        if bucket is None or self.draft.graphs.bucket(len(running)) != bucket \
-                or bucket * 2 > self.draft.input_ids.shape[0]:
+        if bucket is None or self.draft.graphs.bucket(len(running), 2) != bucket:
             return None
         steps = 2 if ahead else 1  # the step in flight, if any, and the one launched now
         for r in running:
