@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 
+from minirunner.generation_config import sampling_defaults
 from minirunner.llm import LLM
 from minirunner.sampling_params import SamplingParams
 
@@ -81,15 +83,23 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", formatter_class=fmt,
-                         help="continue one or more prompts (greedy unless --temperature > 0)",
-                         description="Continue prompts with the model; decoding is greedy by default "
-                                     "(--temperature 0).")
+                         help="continue one or more prompts (sampled with the model's defaults)",
+                         description="Continue prompts with the model. Sampling parameters not given "
+                                     "come from the model's generation_config.json (as vLLM's "
+                                     "generation_config='auto'), else vLLM's defaults (temperature 1); "
+                                     "--temperature 0 is greedy. The seed is printed so a run can be "
+                                     "repeated with --seed.")
     gen.add_argument("prompts", nargs="+", help="prompt text (several prompts run as one batch)")
     gen.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per prompt")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
-    gen.add_argument("--top-k", type=int, default=-1, help="sample among the k most likely (-1 = off)")
-    gen.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
+    gen.add_argument("--temperature", type=float, default=None,
+                     help="0 = greedy (default: the model's generation config, else 1)")
+    gen.add_argument("--top-p", type=float, default=None,
+                     help="nucleus sampling mass, 1 = off (default: the model's generation config, else 1)")
+    gen.add_argument("--top-k", type=int, default=None,
+                     help="sample among the k most likely, -1 = off (default: the model's generation "
+                          "config, else off)")
+    gen.add_argument("--seed", type=int, default=None,
+                     help="makes sampling reproducible (default: a fresh seed, printed)")
     gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     gen.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
     _engine_options(gen)
@@ -127,12 +137,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _sampling_params(args, model_dir: str) -> SamplingParams:
+    """The model's generation-config defaults, overridden by the flags given; a fresh seed when none is
+    given (printed by the caller, so the run can be repeated)."""
+    kwargs = {k: v for k, v in sampling_defaults(model_dir).items() if k != "max_tokens"}
+    given = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    kwargs.update({k: v for k, v in given.items() if v is not None})
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    return SamplingParams(**kwargs, max_tokens=args.max_tokens, seed=seed, stop=args.stop,
+                          ignore_eos=args.ignore_eos)
+
+
 def _generate(args) -> int:
     try:
-        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                max_tokens=args.max_tokens, seed=args.seed, stop=args.stop,
-                                ignore_eos=args.ignore_eos)
         llm = LLM(**_llm_kwargs(args))
+        params = _sampling_params(args, llm.engine.config.model)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -150,8 +169,11 @@ def _generate(args) -> int:
     n_out = sum(len(o.outputs[0].token_ids) for o in outputs)
     n_in = sum(len(o.prompt_token_ids) for o in outputs if not o.error)
     backend = llm.engine.backend.name
+    how = "greedy" if params.greedy else (f"temperature {params.temperature:g}, top_p {params.top_p:g}"
+                                          + (f", top_k {params.top_k}" if params.top_k > 0 else "")
+                                          + f", seed {params.seed} (--seed {params.seed} repeats it)")
     print(f"[{len(outputs) - failed} requests, {n_in} prompt + {n_out} generated tokens in "
-          f"{elapsed:.2f} s: {n_out / max(elapsed, 1e-9):.1f} tok/s; device "
+          f"{elapsed:.2f} s: {n_out / max(elapsed, 1e-9):.1f} tok/s; {how}; device "
           f"{llm.engine.config.device}, {llm.engine.config.dtype}, backend {backend}]")
     return 1 if failed else 0
 

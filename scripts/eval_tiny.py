@@ -285,6 +285,7 @@ def render_card(m: dict) -> str:
     for s in m["samples"]:
         lines += [f"Prompt: `{s['prompt']!r}`", "", "Greedy:", "", "```", s["prompt"] + s["greedy"],
                   "```", "", "Sampled:", "", "```", s["prompt"] + s["sampled_t0.8"], "```", ""]
+    lines += _sampling_section(m.get("sampling"))
     lines += [
         "## Limits",
         "",
@@ -294,6 +295,34 @@ def render_card(m: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _sampling_section(sweep: dict | None) -> list[str]:
+    """The default sampling parameters and the sweep behind them (scripts/choose_sampling.py)."""
+    if not sweep:
+        return []
+    ref, chosen = sweep["reference"], sweep["chosen"]
+    greedy = next(r for r in sweep["grid"] if r["temperature"] == 0)
+    lines = [
+        "## Default sampling parameters",
+        "",
+        f"`generation_config.json` sets temperature {chosen['temperature']} and top_p {chosen['top_p']}:",
+        "the lowest temperature (then top_p) of the grid below whose continuations repeat themselves",
+        "no more, on average, than the held-out text does. Repeats: the share of a text's "
+        f"{sweep['ngram']}-grams that already occurred earlier in it, over {sweep['max_tokens']}-token",
+        f"continuations ({sweep['seeds']} seeds x {len(sweep['prompts'])} prompts per setting); over "
+        f"{ref['count']} held-out windows",
+        f"of the same length the mean is **{ref['mean']:.3f}** (median {ref['median']:.3f}, range "
+        f"{ref['min']:.3f}-{ref['max']:.3f}); greedy decoding's is {greedy['mean']:.3f}. Measured by",
+        f"`{sweep['generated_by']}`.",
+        "",
+        "| temperature | top_p | repeated share, mean | median | min | max |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in sweep["grid"]:
+        lines.append(f"| {r['temperature']} | {r['top_p']} | {r['mean']:.3f} | {r['median']:.3f} | "
+                     f"{r['min']:.3f} | {r['max']:.3f} |")
+    return lines + [""]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -374,6 +403,9 @@ def main(argv: list[str] | None = None) -> None:
         "samples": samples(target, tokenizer, args.sample_tokens, sample_seed),
         "eval_wall_seconds": None,
     }
+    old_metrics = assets / "metrics.json"
+    if old_metrics.exists() and "sampling" in json.loads(old_metrics.read_text()):
+        metrics["sampling"] = json.loads(old_metrics.read_text())["sampling"]  # choose_sampling.py's
     metrics["eval_wall_seconds"] = time.perf_counter() - t0
     (assets / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     (assets / "MODEL_CARD.md").write_text(render_card(metrics))
