@@ -9,6 +9,7 @@ command line (``Exercise.command``). Never prints a solution by itself.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from simulators.exercises import Exercise, Verdict, parse_int
@@ -19,6 +20,7 @@ from simulators.paging import (
     Translation,
     _log2_exact,
     array_walk_vpns,
+    encode_pte,
     format_size,
     parse_size,
     simulate_policy,
@@ -38,6 +40,22 @@ class LinearProblem:
     addresses: tuple[int, ...]
     answers: tuple[Translation, ...] = field(repr=False)
 
+    @property
+    def present_bit(self) -> bool:
+        """Whether the printed entries carry a present bit: only when swapped pages were asked for."""
+        return self.args["swapped percent"] > 0
+
+    def ptes(self) -> list[int]:
+        """The page table as printed: one 32-bit entry per virtual page (see ``encode_pte``)."""
+        return [encode_pte(e, self.present_bit) for e in self.table.entries]
+
+
+# Bounds that keep a run short: OSTEP's script refuses sizes of 1 GB or more; one printed line per
+# virtual page and per address keeps the rest to seconds.
+MAX_SIZE = 1 << 30
+MAX_VIRTUAL_PAGES = 1 << 16
+MAX_ADDRESSES = 100_000
+
 
 def random_linear_problem(
     seed: int,
@@ -47,41 +65,81 @@ def random_linear_problem(
     num_addresses: int = 5,
     used_percent: float = 50,
     swapped_percent: float = 0,
+    addresses: Sequence[int] | None = None,
 ) -> LinearProblem:
-    """Each virtual page is valid with probability ``used_percent``%; a valid page is swapped out
-    (valid, present bit clear) with probability ``swapped_percent``%, else it maps to a distinct
-    random physical frame. Addresses are drawn uniformly from the space."""
-    asize, psize, page = (parse_size(x) for x in (address_space_size, phys_mem_size, page_size))
-    _log2_exact(page, "page size")
-    _log2_exact(asize, "address space size")
-    _log2_exact(psize, "physical memory size")
+    """The problem OSTEP's ``paging-linear-translate.py`` prints for the same seed and sizes.
+
+    Page by page, from VPN 0: with probability ``used_percent``% the page is valid and gets a random
+    free frame (a draw that lands on a taken frame starts the page over, as OSTEP's does), else it is
+    invalid; then ``num_addresses`` addresses are drawn uniformly from the space, unless
+    ``addresses`` (the command line's ``-A``) gives them. ``swapped_percent``% of the valid pages are
+    then marked swapped out (valid, not present) from a second random stream, so ``-w`` changes
+    neither the frames nor the addresses. Sizes follow OSTEP's rules: the address space and the page
+    size are powers of two, physical memory is any multiple of the page size larger than the address
+    space, and both stay below 1 GB.
+    """
+    asize = parse_size(address_space_size, "address space size (-a)")
+    psize = parse_size(phys_mem_size, "physical memory size (-p)")
+    page = parse_size(page_size, "page size (-P)")
+    for what, value in (("address space size (-a)", asize), ("physical memory size (-p)", psize)):
+        if value >= MAX_SIZE:
+            raise ValueError(f"{what} must be below 1g (as in OSTEP's simulator), got "
+                             f"{format_size(value)}")
+    _log2_exact(page, "page size (-P)")
+    _log2_exact(asize, "address space size (-a)")
     if page > asize:
-        raise ValueError("the page size must not exceed the address space size: pick a smaller -P")
+        raise ValueError(f"page size (-P {format_size(page)}) must not exceed the address space "
+                         f"size (-a {format_size(asize)}): pick a smaller -P")
+    if psize % page:
+        raise ValueError(f"physical memory size (-p {format_size(psize)}) must be a multiple of the "
+                         f"page size (-P {format_size(page)})")
+    if psize <= asize:
+        raise ValueError(f"physical memory size (-p {format_size(psize)}) must be larger than the "
+                         f"address space size (-a {format_size(asize)}), as in OSTEP's simulator: "
+                         "every valid page gets its own frame")
+    num_vpages, num_frames = asize // page, psize // page
+    if num_vpages > MAX_VIRTUAL_PAGES:
+        raise ValueError(f"-a {format_size(asize)} with -P {format_size(page)} is {num_vpages} "
+                         f"virtual pages, one printed line each; the limit is {MAX_VIRTUAL_PAGES}: "
+                         "use a larger page size (-P) or a smaller address space (-a)")
     for name, value in (("used percent (-u)", used_percent), ("swapped percent (-w)", swapped_percent)):
         if not 0 <= value <= 100:
             raise ValueError(f"{name} must be within 0..100, got {value}")
-    num_vpages, num_frames = asize // page, psize // page
+    if addresses is None and not 0 <= num_addresses <= MAX_ADDRESSES:
+        raise ValueError(f"number of addresses (-n) must be within 0..{MAX_ADDRESSES}, "
+                         f"got {num_addresses}")
+    for a in addresses or ():
+        if not 0 <= a < asize:
+            raise ValueError(f"address {a} (-A) is outside the {format_size(asize)} address space: "
+                             f"use 0..{asize - 1}")
+
     rng = random.Random(seed)
-    valid = [rng.random() * 100 < used_percent for _ in range(num_vpages)]
-    # drawn for every page (not only valid ones) so that -w does not change which pages are valid
-    swapped = [rng.random() * 100 < swapped_percent for _ in range(num_vpages)]
-    present = [v and not s for v, s in zip(valid, swapped, strict=True)]
-    if sum(present) > num_frames:
-        raise ValueError(
-            f"{sum(present)} present pages do not fit in {num_frames} physical frames: "
-            "use more physical memory (-p) or a smaller used percent (-u)"
-        )
-    frames = iter(rng.sample(range(num_frames), sum(present)))
-    entries = tuple(next(frames) if p else (SWAPPED if v else None)
-                    for v, p in zip(valid, present, strict=True))
+    taken: set[int] = set()
+    frames: list[int | None] = []
+    for _ in range(num_vpages):
+        while True:
+            if rng.random() * 100 > 100 - used_percent:  # valid: find it a free frame
+                frame = int(num_frames * rng.random())
+                if frame in taken:
+                    continue  # start this page over, both draws (OSTEP's order of draws)
+                taken.add(frame)
+                frames.append(frame)
+            else:
+                frames.append(None)
+            break
+    if addresses is None:
+        addresses = [int(asize * rng.random()) for _ in range(num_addresses)]
+    swap_rng = random.Random(f"swapped:{seed}")
+    swapped = [swap_rng.random() * 100 < swapped_percent for _ in range(num_vpages)]
+    entries = tuple(SWAPPED if f is not None and s else f for f, s in zip(frames, swapped, strict=True))
     table = LinearPageTable(page, entries)
-    addresses = tuple(rng.randrange(asize) for _ in range(num_addresses))
+    addresses = tuple(int(a) for a in addresses)
     args = {
         "seed": seed,
         "address space size": format_size(asize),
         "phys mem size": format_size(psize),
         "page size": format_size(page),
-        "num addresses": num_addresses,
+        "num addresses": len(addresses),
         "used percent": used_percent,
         "swapped percent": swapped_percent,
     }
