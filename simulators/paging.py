@@ -153,6 +153,14 @@ def decode_pte(pte: int, present_bit: bool = False) -> int | None:
     return pte & ~VALID_BIT
 
 
+def translate_ptes(vaddr: int, page_table: Sequence[int], page_size: int) -> int | None:
+    """The physical address of ``vaddr`` through a linear table of printed entries (``encode_pte``
+    without the present bit: ``VALID_BIT | PFN`` or 0), or None when its page is not valid. What the
+    homework asks a student to do by hand, and the reference of notebook 01's implement-it task."""
+    table = LinearPageTable(page_size, tuple(decode_pte(p) for p in page_table))
+    return table.translate(vaddr).paddr
+
+
 def linear_table_bytes(address_space_size: int, page_size: int, pte_size: int = 4) -> int:
     """Size of a linear page table: (address space / page size) entries of ``pte_size`` bytes."""
     _log2_exact(page_size, "page size")

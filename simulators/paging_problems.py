@@ -1,9 +1,11 @@
 """Seeded paging problems and the exercises built on them, in the style of the OSTEP homework.
 
-Owns the random (but seeded) linear problem, the two-level problem with a physical memory dump and a
-page-directory base register, and the notebook 01 exercises (translate, walk a dump, TLB hits,
-hit/miss strings, Belady's anomaly). The same seed always gives the same problem, here and on the
-command line (``Exercise.command``). Never prints a solution by itself.
+Owns the random (but seeded) linear problem (the one OSTEP's paging-linear-translate.py draws), the
+two-level problem with a physical memory dump and a page-directory base register, and the notebook 01
+exercises (translate, walk a dump, TLB hits, hit/miss strings, Belady's anomaly, why page size sets
+the table's size) and its implement-it task (translate through a linear table). The same seed always
+gives the same problem, here and on the command line (``Exercise.command``). Never prints a solution
+by itself.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from simulators.exercises import Exercise, Verdict, parse_int
+from simulators.exercises import Exercise, ImplementIt, Verdict, parse_int
 from simulators.paging import (
     POLICIES,
     SWAPPED,
@@ -25,6 +27,7 @@ from simulators.paging import (
     parse_size,
     simulate_policy,
     simulate_tlb,
+    translate_ptes,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -492,3 +495,89 @@ def make_belady_exercise(seed: int) -> Exercise:
     # no single command prints this pair: run `policy -p FIFO -A <trace> -c` with -C 3, then -C 4
     return Exercise(seed, question, (m3, m4), diagnose,
                     hint="simulate FIFO twice, once per frame count; a hit does not reorder FIFO.")
+
+
+# ---------------------------------------------------------------------------------------------
+# explain: page size and the linear table
+
+
+def make_page_size_exercise(seed: int) -> Exercise:
+    """OSTEP's homework question 1, as a choice: why does a bigger page shrink the linear table, and
+    why not use huge pages? Answer with a letter."""
+    rng = random.Random(seed)
+    asize = rng.choice(["1m", "2m", "4m"])
+    small, big = rng.choice([("1k", "2k"), ("1k", "4k"), ("2k", "4k")])
+    n_small, n_big = (len(random_linear_problem(seed, asize, "512m", p, 0).table.entries)
+                      for p in (small, big))
+    right = ("each entry maps a bigger page, so fewer entries cover the space; but a region "
+             "rarely fills its last page, and a bigger page wastes more of it")
+    wrong = {
+        "entry": ("a bigger page makes each entry smaller, so the table takes fewer bytes",
+                  "every entry is still one 32-bit word (0x80000000 | PFN); what changed is how many "
+                  "entries there are."),
+        "valid": ("the table stores only the valid pages, and with bigger pages fewer are valid",
+                  "a linear table has one entry per virtual page, valid or not: count the lines "
+                  "-v prints, zeros included."),
+        "physical": ("bigger pages leave fewer physical frames, and the table has one entry per frame",
+                     "the table is indexed by VIRTUAL page number: -p is the same in both runs and "
+                     "the entry count does not depend on it."),
+    }
+    options = [("right", right)] + [(k, text) for k, (text, _) in wrong.items()]
+    rng.shuffle(options)
+    letters = "abcd"
+    solution = letters[[k for k, _ in options].index("right")]
+    command = f"python -m simulators.paging translate -P {small} -a {asize} -p 512m -v -n 0"
+    question = "\n".join(
+        [f"`{command}` prints {n_small} entries; with -P {big} instead it prints {n_big}.",
+         "Which sentence explains the change (and why we do not simply use really big pages)?"]
+        + [f"  ({letter}) {text}" for letter, (_, text) in zip(letters, options, strict=True)]
+        + ["Answer with a letter."])
+
+    def diagnose(answer) -> Verdict:
+        text = answer.strip().lower().strip("()") if isinstance(answer, str) else ""
+        if len(text) != 1 or text not in letters:
+            return Verdict(False, 'answer with one letter, "a" to "d".')
+        key = options[letters.index(text)][0]
+        if key == "right":
+            return Verdict(True, f"{format_size(parse_size(asize))} / {small} = {n_small} entries, "
+                                 f"/ {big} = {n_big}: entries = address space / page size. Half a "
+                                 "page is wasted per region on average, so the waste grows with the "
+                                 "page (notebook 02 meets the same trade-off as the KV block size).")
+        return Verdict(False, wrong[key][1])
+
+    # no `command`: the simulator prints the tables, not the letter
+    return Exercise(seed, question, solution, diagnose,
+                    hint="count the entries: how many virtual pages does the address space hold?")
+
+
+# ---------------------------------------------------------------------------------------------
+# implement it: translate through a linear table
+
+
+def _show(value) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(f"{v:#x}" for v in value) + "]"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:#x} ({value})"
+    return repr(value)
+
+
+def make_translate_task(seed: int = 0) -> ImplementIt:
+    """Implement ``translate(vaddr, page_table, page_size)``: the physical address, or None when the
+    page is not valid. ``page_table`` lists the entries as the simulator prints them (0x80000000 | PFN,
+    or 0). Seeded cases from OSTEP-style problems with several page sizes, valid and invalid pages."""
+    rng = random.Random(seed)
+    cases = []
+    for i, (asize, psize, page) in enumerate([("16k", "64k", "4k"), ("16k", "32k", "1k"),
+                                              ("32", "1024", "8"), ("1k", "4k", "128"),
+                                              ("64k", "96k", "4k")]):
+        problem = random_linear_problem(seed * 10 + i, asize, psize, page, 0, 50)
+        ptes, size = problem.ptes(), problem.table.page_size
+        valid = [v for v, p in enumerate(ptes) if p]
+        invalid = [v for v, p in enumerate(ptes) if not p]
+        vpns = rng.sample(valid, min(3, len(valid))) + rng.sample(invalid, min(1, len(invalid)))
+        cases += [dict(vaddr=v * size + rng.randrange(size), page_table=ptes, page_size=size)
+                  for v in vpns]
+    return ImplementIt("translate", translate_ptes, cases, show=_show,
+                       hint="vpn = vaddr // page_size, offset = vaddr % page_size; a valid entry "
+                            "has bit 31 set and its low bits are the PFN; PFN * page_size + offset.")
