@@ -29,19 +29,20 @@ SWAPPED = -1
 def parse_size(text: str | int, what: str = "size") -> int:
     """``"16k"`` -> 16384, ``"1m"`` -> 1048576, ``"4g"``, or a plain byte count (> 0).
 
-    Anything else is a ValueError that names ``what`` (e.g. ``"page size (-P)"``)."""
+    Anything else is a ValueError that starts with ``what`` (e.g. ``"page size (-P)"``), if given."""
+    prefix = f"{what}: " if what else ""
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
         s = str(text).strip().lower()
         scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(s[-1:], 1)
         digits = s[:-1] if scale > 1 else s
-        if not digits.isdigit():
-            raise ValueError(f"{what} wants a size such as 16, 4k, 64k or 1m (k, m, g: powers of "
-                             f"1024), got {text!r}")
+        if not (digits.isascii() and digits.isdigit()):
+            raise ValueError(f"{prefix}expected a size such as 16, 4k, 64k or 1m (k, m, g: powers "
+                             f"of 1024), got {text!r}")
         value = int(digits) * scale
     if value <= 0:
-        raise ValueError(f"{what} must be more than 0 bytes, got {text!r}")
+        raise ValueError(f"{prefix}must be more than 0 bytes, got {text!r}")
     return value
 
 

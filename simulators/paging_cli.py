@@ -132,7 +132,7 @@ def _size(flag: str):
     """An argparse type: a size such as 16k, or an error that argparse prefixes with the flag."""
     def parse(text: str) -> int:
         try:
-            return parse_size(text, "the size")
+            return parse_size(text, what="")
         except ValueError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
     parse.__name__ = f"size ({flag})"
