@@ -5,7 +5,7 @@ remzi-arpacidusseau/ostep-homework, folder vm-paging) with ``-c`` on each comman
 ``OSTEP_COMMANDS`` and writes, per command, the page table and the translations it printed:
 
     python scripts/ostep_paging_fixture.py PATH/TO/paging-linear-translate.py \\
-        --out tests/data/ostep_paging_linear.json
+        --commit COMMIT --out tests/data/ostep_paging_linear.json
 
 The tests then run ``python -m simulators.paging translate`` with the same flags and compare.
 Large tables are stored as a sha256 of their printed entries plus the first entries, to keep the
@@ -67,6 +67,8 @@ def parse_ostep(text: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ostep_script", type=Path, help="path to OSTEP's paging-linear-translate.py")
+    parser.add_argument("--commit", default="",
+                        help="the ostep-homework commit the script comes from, recorded in the JSON")
     parser.add_argument("--out", type=Path, default=Path("tests/data/ostep_paging_linear.json"),
                         help="where to write the JSON")
     args = parser.parse_args(argv)
@@ -78,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
                              capture_output=True, text=True, check=True).stdout
         records.append({"command": command, **parse_ostep(out)})
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"source": "remzi-arpacidusseau/ostep-homework "
-                                              "vm-paging/paging-linear-translate.py, run with -c",
+    source = "remzi-arpacidusseau/ostep-homework vm-paging/paging-linear-translate.py"
+    if args.commit:
+        source += f" at commit {args.commit}"
+    args.out.write_text(json.dumps({"source": source + ", run with -c",
                                     "records": records}, indent=1) + "\n")
     print(f"wrote {len(records)} commands to {args.out}")
     return 0

@@ -143,10 +143,15 @@ def random_linear_problem(
         "phys mem size": format_size(psize),
         "page size": format_size(page),
         "num addresses": len(addresses),
-        "used percent": used_percent,
-        "swapped percent": swapped_percent,
+        "used percent": _plain(used_percent),
+        "swapped percent": _plain(swapped_percent),
     }
     return LinearProblem(args, table, addresses, tuple(table.translate(a) for a in addresses))
+
+
+def _plain(x: float) -> float | int:
+    """70.0 -> 70, as the header echoes it; 12.5 stays."""
+    return int(x) if float(x).is_integer() else x
 
 
 def describe_entry(pfn: int | None) -> str:

@@ -150,3 +150,13 @@ def test_the_largest_table_allowed_still_gets_distinct_frames():
     assert len(frames) == 1 << 16 and None not in frames and len(set(frames)) == 1 << 16
     with pytest.raises(ValueError, match="-P"):
         random_linear_problem(0, 1 << 17, 1 << 18, 1, 0, 100)
+
+
+def test_every_chapter_18_homework_command_is_compared():
+    homework = ["-P 1k -a 1m -p 512m -v -n 0", "-P 1k -a 2m -p 512m -v -n 0",
+                "-P 1k -a 4m -p 512m -v -n 0", "-P 2k -a 1m -p 512m -v -n 0",
+                "-P 4k -a 1m -p 512m -v -n 0"]
+    homework += [f"-P 1k -a 16k -p 32k -v -u {u}" for u in (0, 25, 50, 75, 100)]
+    homework += ["-P 8 -a 32 -p 1024 -v -s 1", "-P 8k -a 32k -p 1m -v -s 2",
+                 "-P 1m -a 256m -p 512m -v -s 3"]
+    assert set(homework) <= {r["command"] for r in RECORDS}
