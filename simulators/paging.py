@@ -13,7 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 POLICIES = ("FIFO", "LRU", "OPT", "CLOCK")
-VALID_BIT = 0x80000000  # how a linear page-table entry is printed: valid bit, present bit, PFN
+# How a linear page-table entry is printed, as in OSTEP's paging-linear-translate.py: bit 31 is the
+# VALID bit and the rest is the PFN. Only a table with swapped-out pages (-w) also uses bit 30, the
+# PRESENT bit; OSTEP's linear simulator has no present bit.
+VALID_BIT = 0x80000000
 PRESENT_BIT = 0x40000000
 # A linear-table entry of SWAPPED is valid (the page belongs to the process) but not present (its
 # contents are on disk): an access is a page fault the OS services, not a segmentation fault.
@@ -23,15 +26,24 @@ SWAPPED = -1
 # sizes and address arithmetic
 
 
-def parse_size(text: str | int) -> int:
-    """``"16k"`` -> 16384, ``"1m"`` -> 1048576, ``"4g"``, or a plain byte count."""
-    if isinstance(text, int):
-        return text
-    s = str(text).strip().lower()
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    if s and s[-1] in units:
-        return int(s[:-1]) * units[s[-1]]
-    return int(s)
+def parse_size(text: str | int, what: str = "size") -> int:
+    """``"16k"`` -> 16384, ``"1m"`` -> 1048576, ``"4g"``, or a plain byte count (> 0).
+
+    Anything else is a ValueError that starts with ``what`` (e.g. ``"page size (-P)"``), if given."""
+    prefix = f"{what}: " if what else ""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        s = str(text).strip().lower()
+        scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(s[-1:], 1)
+        digits = s[:-1] if scale > 1 else s
+        if not (digits.isascii() and digits.isdigit()):
+            raise ValueError(f"{prefix}expected a size such as 16, 4k, 64k or 1m (k, m, g: powers "
+                             f"of 1024), got {text!r}")
+        value = int(digits) * scale
+    if value <= 0:
+        raise ValueError(f"{prefix}must be more than 0 bytes, got {text!r}")
+    return value
 
 
 def format_size(n: int) -> str:
@@ -118,6 +130,36 @@ class LinearPageTable:
         if pfn == SWAPPED:
             return Translation(vaddr, vpn, offset, True, None, None, 1, present=False)
         return Translation(vaddr, vpn, offset, True, pfn, pfn * self.page_size + offset, 1)
+
+
+def encode_pte(entry: int | None, present_bit: bool = False) -> int:
+    """A linear-table entry as the simulator prints it: 0 (invalid), ``VALID_BIT | PFN``, or, with
+    ``present_bit`` (a table that has swapped-out pages), ``VALID_BIT | PRESENT_BIT | PFN`` for a
+    present page and ``VALID_BIT`` alone for a swapped-out one."""
+    if entry is None:
+        return 0
+    if entry == SWAPPED:
+        if not present_bit:
+            raise ValueError("a swapped-out page needs the present bit (present_bit=True)")
+        return VALID_BIT
+    return VALID_BIT | (PRESENT_BIT if present_bit else 0) | entry
+
+
+def decode_pte(pte: int, present_bit: bool = False) -> int | None:
+    """The inverse of ``encode_pte``: a PFN, ``SWAPPED`` or None (invalid)."""
+    if not pte & VALID_BIT:
+        return None
+    if present_bit:
+        return pte & ~(VALID_BIT | PRESENT_BIT) if pte & PRESENT_BIT else SWAPPED
+    return pte & ~VALID_BIT
+
+
+def translate_ptes(vaddr: int, page_table: Sequence[int], page_size: int) -> int | None:
+    """The physical address of ``vaddr`` through a linear table of printed entries (``encode_pte``
+    without the present bit: ``VALID_BIT | PFN`` or 0), or None when its page is not valid. What the
+    homework asks a student to do by hand, and the reference of notebook 01's implement-it task."""
+    table = LinearPageTable(page_size, tuple(decode_pte(p) for p in page_table))
+    return table.translate(vaddr).paddr
 
 
 def linear_table_bytes(address_space_size: int, page_size: int, pte_size: int = 4) -> int:

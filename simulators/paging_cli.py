@@ -9,13 +9,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from simulators.paging import (
-    PRESENT_BIT,
-    SWAPPED,
-    VALID_BIT,
-    random_trace,
-    simulate_policy,
-)
+from simulators.paging import parse_size, random_trace, simulate_policy
 from simulators.paging_problems import (
     LinearProblem,
     MultilevelProblem,
@@ -34,8 +28,8 @@ first, then check yourself with -c.
   tlb         the same for a TLB (a small cache of translations)
 
 Examples:
-  python -m simulators.paging translate -s 1
-  python -m simulators.paging translate -s 1 -c
+  python -m simulators.paging translate -s 1 -v
+  python -m simulators.paging translate -P 1k -a 16k -p 32k -v -u 50 -c
   python -m simulators.paging multilevel -s 3 -n 1 -p 32
   python -m simulators.paging policy -p LRU -C 3 -A 0,1,2,0,1,3,0,3,1,2,1 -c
 Run `python -m simulators.paging SUBCOMMAND --help` for the options of each.
@@ -49,7 +43,7 @@ def _header(args: dict) -> str:
 def _format_translation(t, compute: bool) -> str:
     head = f"  VA {t.vaddr:#010x} (decimal: {t.vaddr:8d}) --> "
     if not compute:
-        return head + "PA, segfault or page fault?"
+        return head + "PA or fault?"
     if t.fault_kind == "segfault":
         return head + f"segfault (VPN {t.vpn} is not valid)"
     if t.fault_kind == "page fault":
@@ -57,20 +51,32 @@ def _format_translation(t, compute: bool) -> str:
     return head + f"{t.paddr:#010x} (decimal: {t.paddr:8d}) [VPN {t.vpn} -> PFN {t.pfn}]"
 
 
-def render_translate(problem: LinearProblem, compute: bool) -> str:
-    """The text the ``translate`` subcommand prints."""
-    out = [_header({**problem.args, "compute answers": compute})]
-    out.append("Linear page table, one entry per virtual page. Bit 31 is the VALID bit (the page")
-    out.append("belongs to the program), bit 30 the PRESENT bit (the page is in memory, not on")
-    out.append("disk); if both are set, the low bits are the physical frame number (PFN).\n")
-    for vpn, pfn in enumerate(problem.table.entries):
-        value = 0 if pfn is None else VALID_BIT if pfn == SWAPPED else VALID_BIT | PRESENT_BIT | pfn
-        out.append(f"  [{vpn:8d}]  {value:#010x}")
+def render_translate(problem: LinearProblem, compute: bool, verbose: bool = False,
+                     addresses: str = "-1") -> str:
+    """The text the ``translate`` subcommand prints: OSTEP's page-table format (``-v`` adds each
+    entry's VPN), then the addresses, and with ``compute`` their translations."""
+    head = {**problem.args, "verbose": verbose, "addresses": addresses, "compute answers": compute}
+    out = [_header(head)]
+    if problem.present_bit:
+        out.append("Linear page table, one entry per virtual page. Bit 31 is the VALID bit (the page")
+        out.append("belongs to the program), bit 30 the PRESENT bit (the page is in memory, not on")
+        out.append("disk); if both are set, the low bits are the physical frame number (PFN).")
+    else:
+        out.append("Linear page table, one entry per virtual page. The high-order bit (bit 31) is the")
+        out.append("VALID bit: if it is 1, the rest of the entry is the physical frame number (PFN);")
+        out.append("if it is 0, the page is not valid.")
+    if not verbose:
+        out.append("Use -v to print each entry's VPN beside it.")
+    out.append("\nPage table (from entry 0 down to the max size)")
+    for vpn, pte in enumerate(problem.ptes()):
+        out.append(f"  [{vpn:8d}]  {pte:#010x}" if verbose else f"  {pte:#010x}")
     out.append("\nVirtual address trace")
     out.extend(_format_translation(t, compute) for t in problem.answers)
     if not compute:
-        out.append("\nFor each virtual address, give the physical address, or say whether it is a")
-        out.append("segfault (invalid page) or a page fault (valid, not present). Add -c for answers.")
+        faults = '"segfault" (invalid page) or "page fault" (valid, not present)' \
+            if problem.present_bit else "a segfault (invalid page)"
+        out.append("\nFor each virtual address, give the physical address it translates to, or")
+        out.append(f"say that it is {faults}. Add -c for the answers.")
     return "\n".join(out) + "\n"
 
 
@@ -122,6 +128,28 @@ def render_policy(trace: Sequence[int], frames: int, policy: str, args: dict,
     return "\n".join(out) + "\n"
 
 
+def _size(flag: str):
+    """An argparse type: a size such as 16k, or an error that argparse prefixes with the flag."""
+    def parse(text: str) -> int:
+        try:
+            return parse_size(text, what="")
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    parse.__name__ = f"size ({flag})"
+    return parse
+
+
+def _addresses(text: str) -> list[int] | None:
+    """``-A``: None for "-1" (random addresses), else decimal or 0x-hex addresses."""
+    if text.strip() == "-1":
+        return None
+    try:
+        return [int(x.strip(), 0) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"-A wants comma-separated virtual addresses such as 0x3229,4969, "
+                         f"got {text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m simulators.paging", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -133,16 +161,28 @@ def build_parser() -> argparse.ArgumentParser:
                        help="print the answers too (solve it by hand first)")
 
     tr = sub.add_parser("translate", formatter_class=fmt, help="linear page-table translation",
-                        description="Translate virtual addresses through a linear page table.")
+                        description="Translate virtual addresses through a linear page table. "
+                                    "Takes the flags of OSTEP's paging-linear-translate.py and "
+                                    "prints the same page table and addresses for the same seed; "
+                                    "-w (swapped-out pages) is ours.")
     tr.add_argument("-s", "--seed", type=int, default=0, help="problem number: same seed, same problem")
-    tr.add_argument("-a", "--asize", default="16k", help="size of the virtual address space (16k, 1m, ...)")
-    tr.add_argument("-p", "--physmem", default="64k", help="size of physical memory")
-    tr.add_argument("-P", "--pagesize", default="4k", help="page size (a power of two)")
-    tr.add_argument("-n", "--numaddrs", type=int, default=5, help="how many addresses to translate")
+    tr.add_argument("-a", "--asize", default="16k", type=_size("-a"),
+                    help="size of the virtual address space: a power of two below 1g (16k, 1m, ...)")
+    tr.add_argument("-p", "--physmem", default="64k", type=_size("-p"),
+                    help="size of physical memory: a multiple of the page size, larger than -a, below 1g")
+    tr.add_argument("-P", "--pagesize", default="4k", type=_size("-P"), help="page size (a power of two)")
+    tr.add_argument("-n", "--numaddrs", type=int, default=5,
+                    help="how many random addresses to translate")
+    tr.add_argument("-A", "--addresses", default="-1",
+                    help="your own comma-separated virtual addresses, e.g. 0x3229,4969 "
+                         "(replaces -n; -1 means random ones)")
     tr.add_argument("-u", "--used", type=float, default=50,
                     help="percent of virtual pages that are valid (belong to the program)")
     tr.add_argument("-w", "--swapped", type=float, default=0,
-                    help="percent of valid pages that are swapped out (valid, not present)")
+                    help="percent of valid pages that are swapped out (valid, not present); "
+                         "above 0 the entries gain a PRESENT bit (bit 30)")
+    tr.add_argument("-v", "--verbose", action="store_true",
+                    help="print each page-table entry's VPN beside it")
     answers(tr)
 
     ml = sub.add_parser("multilevel", formatter_class=fmt, help="two-level page-table walk",
@@ -180,8 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if ns.command == "translate":
             problem = random_linear_problem(ns.seed, ns.asize, ns.physmem, ns.pagesize,
-                                            ns.numaddrs, ns.used, ns.swapped)
-            print(render_translate(problem, ns.compute), end="")
+                                            ns.numaddrs, ns.used, ns.swapped,
+                                            _addresses(ns.addresses))
+            print(render_translate(problem, ns.compute, ns.verbose, ns.addresses), end="")
         elif ns.command == "multilevel":
             problem = random_multilevel_problem(ns.seed, ns.numaddrs, ns.code, ns.heap, ns.stack,
                                                 ns.physpages)

@@ -1,17 +1,20 @@
 """Seeded paging problems and the exercises built on them, in the style of the OSTEP homework.
 
-Owns the random (but seeded) linear problem, the two-level problem with a physical memory dump and a
-page-directory base register, and the notebook 01 exercises (translate, walk a dump, TLB hits,
-hit/miss strings, Belady's anomaly). The same seed always gives the same problem, here and on the
-command line (``Exercise.command``). Never prints a solution by itself.
+Owns the random (but seeded) linear problem (the one OSTEP's paging-linear-translate.py draws), the
+two-level problem with a physical memory dump and a page-directory base register, and the notebook 01
+exercises (translate, walk a dump, TLB hits, hit/miss strings, Belady's anomaly, why page size sets
+the table's size) and its implement-it task (translate through a linear table). The same seed always
+gives the same problem, here and on the command line (``Exercise.command``). Never prints a solution
+by itself.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from simulators.exercises import Exercise, Verdict, parse_int
+from simulators.exercises import Exercise, ImplementIt, Verdict, parse_int
 from simulators.paging import (
     POLICIES,
     SWAPPED,
@@ -19,10 +22,12 @@ from simulators.paging import (
     Translation,
     _log2_exact,
     array_walk_vpns,
+    encode_pte,
     format_size,
     parse_size,
     simulate_policy,
     simulate_tlb,
+    translate_ptes,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -38,6 +43,22 @@ class LinearProblem:
     addresses: tuple[int, ...]
     answers: tuple[Translation, ...] = field(repr=False)
 
+    @property
+    def present_bit(self) -> bool:
+        """Whether the printed entries carry a present bit: only when swapped pages were asked for."""
+        return self.args["swapped percent"] > 0
+
+    def ptes(self) -> list[int]:
+        """The page table as printed: one 32-bit entry per virtual page (see ``encode_pte``)."""
+        return [encode_pte(e, self.present_bit) for e in self.table.entries]
+
+
+# Bounds that keep a run short: OSTEP's script refuses sizes of 1 GB or more; one printed line per
+# virtual page and per address keeps the rest to seconds.
+MAX_SIZE = 1 << 30
+MAX_VIRTUAL_PAGES = 1 << 16
+MAX_ADDRESSES = 100_000
+
 
 def random_linear_problem(
     seed: int,
@@ -47,45 +68,90 @@ def random_linear_problem(
     num_addresses: int = 5,
     used_percent: float = 50,
     swapped_percent: float = 0,
+    addresses: Sequence[int] | None = None,
 ) -> LinearProblem:
-    """Each virtual page is valid with probability ``used_percent``%; a valid page is swapped out
-    (valid, present bit clear) with probability ``swapped_percent``%, else it maps to a distinct
-    random physical frame. Addresses are drawn uniformly from the space."""
-    asize, psize, page = (parse_size(x) for x in (address_space_size, phys_mem_size, page_size))
-    _log2_exact(page, "page size")
-    _log2_exact(asize, "address space size")
-    _log2_exact(psize, "physical memory size")
+    """The problem OSTEP's ``paging-linear-translate.py`` prints for the same seed and sizes.
+
+    Page by page, from VPN 0: with probability ``used_percent``% the page is valid and gets a random
+    free frame (a draw that lands on a taken frame starts the page over, as OSTEP's does), else it is
+    invalid; then ``num_addresses`` addresses are drawn uniformly from the space, unless
+    ``addresses`` (the command line's ``-A``) gives them. ``swapped_percent``% of the valid pages are
+    then marked swapped out (valid, not present) from a second random stream, so ``-w`` changes
+    neither the frames nor the addresses. Sizes follow OSTEP's rules: the address space and the page
+    size are powers of two, physical memory is any multiple of the page size larger than the address
+    space, and both stay below 1 GB.
+    """
+    asize = parse_size(address_space_size, "address space size (-a)")
+    psize = parse_size(phys_mem_size, "physical memory size (-p)")
+    page = parse_size(page_size, "page size (-P)")
+    for what, value in (("address space size (-a)", asize), ("physical memory size (-p)", psize)):
+        if value >= MAX_SIZE:
+            raise ValueError(f"{what} must be below 1g (as in OSTEP's simulator), got "
+                             f"{format_size(value)}")
+    _log2_exact(page, "page size (-P)")
+    _log2_exact(asize, "address space size (-a)")
     if page > asize:
-        raise ValueError("the page size must not exceed the address space size: pick a smaller -P")
+        raise ValueError(f"page size (-P {format_size(page)}) must not exceed the address space "
+                         f"size (-a {format_size(asize)}): pick a smaller -P")
+    if psize % page:
+        raise ValueError(f"physical memory size (-p {format_size(psize)}) must be a multiple of the "
+                         f"page size (-P {format_size(page)})")
+    if psize <= asize:
+        raise ValueError(f"physical memory size (-p {format_size(psize)}) must be larger than the "
+                         f"address space size (-a {format_size(asize)}), as in OSTEP's simulator: "
+                         "every valid page gets its own frame")
+    num_vpages, num_frames = asize // page, psize // page
+    if num_vpages > MAX_VIRTUAL_PAGES:
+        raise ValueError(f"-a {format_size(asize)} with -P {format_size(page)} is {num_vpages} "
+                         f"virtual pages, one printed line each; the limit is {MAX_VIRTUAL_PAGES}: "
+                         "use a larger page size (-P) or a smaller address space (-a)")
     for name, value in (("used percent (-u)", used_percent), ("swapped percent (-w)", swapped_percent)):
         if not 0 <= value <= 100:
             raise ValueError(f"{name} must be within 0..100, got {value}")
-    num_vpages, num_frames = asize // page, psize // page
+    if addresses is None and not 0 <= num_addresses <= MAX_ADDRESSES:
+        raise ValueError(f"number of addresses (-n) must be within 0..{MAX_ADDRESSES}, "
+                         f"got {num_addresses}")
+    for a in addresses or ():
+        if not 0 <= a < asize:
+            raise ValueError(f"address {a} (-A) is outside the {format_size(asize)} address space: "
+                             f"use 0..{asize - 1}")
+
     rng = random.Random(seed)
-    valid = [rng.random() * 100 < used_percent for _ in range(num_vpages)]
-    # drawn for every page (not only valid ones) so that -w does not change which pages are valid
-    swapped = [rng.random() * 100 < swapped_percent for _ in range(num_vpages)]
-    present = [v and not s for v, s in zip(valid, swapped, strict=True)]
-    if sum(present) > num_frames:
-        raise ValueError(
-            f"{sum(present)} present pages do not fit in {num_frames} physical frames: "
-            "use more physical memory (-p) or a smaller used percent (-u)"
-        )
-    frames = iter(rng.sample(range(num_frames), sum(present)))
-    entries = tuple(next(frames) if p else (SWAPPED if v else None)
-                    for v, p in zip(valid, present, strict=True))
+    taken: set[int] = set()
+    frames: list[int | None] = []
+    for _ in range(num_vpages):
+        while True:
+            if rng.random() * 100 > 100 - used_percent:  # valid: find it a free frame
+                frame = int(num_frames * rng.random())
+                if frame in taken:
+                    continue  # start this page over, both draws (OSTEP's order of draws)
+                taken.add(frame)
+                frames.append(frame)
+            else:
+                frames.append(None)
+            break
+    if addresses is None:
+        addresses = [int(asize * rng.random()) for _ in range(num_addresses)]
+    swap_rng = random.Random(f"swapped:{seed}")
+    swapped = [swap_rng.random() * 100 < swapped_percent for _ in range(num_vpages)]
+    entries = tuple(SWAPPED if f is not None and s else f for f, s in zip(frames, swapped, strict=True))
     table = LinearPageTable(page, entries)
-    addresses = tuple(rng.randrange(asize) for _ in range(num_addresses))
+    addresses = tuple(int(a) for a in addresses)
     args = {
         "seed": seed,
         "address space size": format_size(asize),
         "phys mem size": format_size(psize),
         "page size": format_size(page),
-        "num addresses": num_addresses,
-        "used percent": used_percent,
-        "swapped percent": swapped_percent,
+        "num addresses": len(addresses),
+        "used percent": _plain(used_percent),
+        "swapped percent": _plain(swapped_percent),
     }
     return LinearProblem(args, table, addresses, tuple(table.translate(a) for a in addresses))
+
+
+def _plain(x: float) -> float | int:
+    """70.0 -> 70, as the header echoes it; 12.5 stays."""
+    return int(x) if float(x).is_integer() else x
 
 
 def describe_entry(pfn: int | None) -> str:
@@ -434,3 +500,89 @@ def make_belady_exercise(seed: int) -> Exercise:
     # no single command prints this pair: run `policy -p FIFO -A <trace> -c` with -C 3, then -C 4
     return Exercise(seed, question, (m3, m4), diagnose,
                     hint="simulate FIFO twice, once per frame count; a hit does not reorder FIFO.")
+
+
+# ---------------------------------------------------------------------------------------------
+# explain: page size and the linear table
+
+
+def make_page_size_exercise(seed: int) -> Exercise:
+    """OSTEP's homework question 1, as a choice: why does a bigger page shrink the linear table, and
+    why not use huge pages? Answer with a letter."""
+    rng = random.Random(seed)
+    asize = rng.choice(["1m", "2m", "4m"])
+    small, big = rng.choice([("1k", "2k"), ("1k", "4k"), ("2k", "4k")])
+    n_small, n_big = (len(random_linear_problem(seed, asize, "512m", p, 0).table.entries)
+                      for p in (small, big))
+    right = ("each entry maps a bigger page, so fewer entries cover the space; but a region "
+             "rarely fills its last page, and a bigger page wastes more of it")
+    wrong = {
+        "entry": ("a bigger page makes each entry smaller, so the table takes fewer bytes",
+                  "every entry is still one 32-bit word (0x80000000 | PFN); what changed is how many "
+                  "entries there are."),
+        "valid": ("the table stores only the valid pages, and with bigger pages fewer are valid",
+                  "a linear table has one entry per virtual page, valid or not: count the lines "
+                  "-v prints, zeros included."),
+        "physical": ("bigger pages leave fewer physical frames, and the table has one entry per frame",
+                     "the table is indexed by VIRTUAL page number: -p is the same in both runs and "
+                     "the entry count does not depend on it."),
+    }
+    options = [("right", right)] + [(k, text) for k, (text, _) in wrong.items()]
+    rng.shuffle(options)
+    letters = "abcd"
+    solution = letters[[k for k, _ in options].index("right")]
+    command = f"python -m simulators.paging translate -P {small} -a {asize} -p 512m -v -n 0"
+    question = "\n".join(
+        [f"`{command}` prints {n_small} entries; with -P {big} instead it prints {n_big}.",
+         "Which sentence explains the change (and why we do not simply use really big pages)?"]
+        + [f"  ({letter}) {text}" for letter, (_, text) in zip(letters, options, strict=True)]
+        + ["Answer with a letter."])
+
+    def diagnose(answer) -> Verdict:
+        text = answer.strip().lower().strip("()") if isinstance(answer, str) else ""
+        if len(text) != 1 or text not in letters:
+            return Verdict(False, 'answer with one letter, "a" to "d".')
+        key = options[letters.index(text)][0]
+        if key == "right":
+            return Verdict(True, f"{format_size(parse_size(asize))} / {small} = {n_small} entries, "
+                                 f"/ {big} = {n_big}: entries = address space / page size. Half a "
+                                 "page is wasted per region on average, so the waste grows with the "
+                                 "page (notebook 02 meets the same trade-off as the KV block size).")
+        return Verdict(False, wrong[key][1])
+
+    # no `command`: the simulator prints the tables, not the letter
+    return Exercise(seed, question, solution, diagnose,
+                    hint="count the entries: how many virtual pages does the address space hold?")
+
+
+# ---------------------------------------------------------------------------------------------
+# implement it: translate through a linear table
+
+
+def _show(value) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(f"{v:#x}" for v in value) + "]"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:#x} ({value})"
+    return repr(value)
+
+
+def make_translate_task(seed: int = 0) -> ImplementIt:
+    """Implement ``translate(vaddr, page_table, page_size)``: the physical address, or None when the
+    page is not valid. ``page_table`` lists the entries as the simulator prints them (0x80000000 | PFN,
+    or 0). Seeded cases from OSTEP-style problems with several page sizes, valid and invalid pages."""
+    rng = random.Random(seed)
+    cases = []
+    for i, (asize, psize, page) in enumerate([("16k", "64k", "4k"), ("16k", "32k", "1k"),
+                                              ("32", "1024", "8"), ("1k", "4k", "128"),
+                                              ("64k", "96k", "4k")]):
+        problem = random_linear_problem(seed * 10 + i, asize, psize, page, 0, 50)
+        ptes, size = problem.ptes(), problem.table.page_size
+        valid = [v for v, p in enumerate(ptes) if p]
+        invalid = [v for v, p in enumerate(ptes) if not p]
+        vpns = rng.sample(valid, min(3, len(valid))) + rng.sample(invalid, min(1, len(invalid)))
+        cases += [dict(vaddr=v * size + rng.randrange(size), page_table=ptes, page_size=size)
+                  for v in vpns]
+    return ImplementIt("translate", translate_ptes, cases, show=_show,
+                       hint="vpn = vaddr // page_size, offset = vaddr % page_size; a valid entry "
+                            "has bit 31 set and its low bits are the PFN; PFN * page_size + offset.")

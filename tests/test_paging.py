@@ -157,7 +157,7 @@ def test_cli_echoes_arguments_and_hides_answers_until_asked(capsys):
     for line in ("ARG seed 3", "ARG address space size 32k", "ARG phys mem size 128k",
                  "ARG page size 2k", "ARG num addresses 4", "ARG used percent 70"):
         assert line in hidden
-    assert "PA, segfault or page fault?" in hidden
+    assert "PA or fault?" in hidden
     assert "PFN" not in hidden.split("Virtual address trace")[1]
     main(["translate", "-s", "3", "-a", "32k", "-p", "128k", "-P", "2k", "-n", "4", "-u", "70",
           "-c"])
