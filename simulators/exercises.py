@@ -19,13 +19,14 @@ class Verdict:
     correct: bool
     why: str
     answered: bool = True
+    pending: str = "not answered yet"  # what an unanswered one says ("not implemented yet" for a stub)
 
     def __bool__(self) -> bool:
         return self.correct
 
     def __str__(self) -> str:
         if not self.answered:
-            return "not answered yet: " + self.why
+            return f"{self.pending}: {self.why}"
         return ("right: " if self.correct else "wrong: ") + self.why
 
     def _repr_pretty_(self, p, cycle) -> None:  # IPython display: the sentence, not the dataclass
@@ -111,7 +112,8 @@ class ImplementIt:
             try:
                 got = fn(**case)
             except NotImplementedError:
-                return Verdict(False, f"{self.name} is not implemented yet: {self.hint}", answered=False)
+                return Verdict(False, f"{self.name}: {self.hint}", answered=False,
+                               pending="not implemented yet")
             except Exception as e:  # a student's bug is a verdict, not a crash of the notebook
                 return Verdict(False, f"case {i} ({_args(case, self.show)}) raised "
                                       f"{type(e).__name__}: {e}")
