@@ -14,6 +14,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -303,19 +304,15 @@ def _sampling_section(sweep: dict | None) -> list[str]:
         return []
     ref, chosen = sweep["reference"], sweep["chosen"]
     greedy = next(r for r in sweep["grid"] if r["temperature"] == 0)
-    lines = [
-        "## Default sampling parameters",
-        "",
-        f"`generation_config.json` sets temperature {chosen['temperature']} and top_p {chosen['top_p']}:",
-        "the lowest temperature (then top_p) of the grid below whose continuations repeat themselves",
-        "no more, on average, than the held-out text does. Repeats: the share of a text's "
-        f"{sweep['ngram']}-grams that already occurred earlier in it, over {sweep['max_tokens']}-token",
-        f"continuations ({sweep['seeds']} seeds x {len(sweep['prompts'])} prompts per setting); over "
-        f"{ref['count']} held-out windows",
-        f"of the same length the mean is **{ref['mean']:.3f}** (median {ref['median']:.3f}, range "
-        f"{ref['min']:.3f}-{ref['max']:.3f}); greedy decoding's is {greedy['mean']:.3f}. Measured by",
-        f"`{sweep['generated_by']}`.",
-        "",
+    text = (f"`generation_config.json` sets temperature {chosen['temperature']} and top_p {chosen['top_p']}: "
+            "the lowest temperature (then top_p) of the grid below whose continuations repeat themselves "
+            "no more, on average, than the held-out text does. Repeats: the share of a text's "
+            f"{sweep['ngram']}-grams that already occurred earlier in it, over {sweep['max_tokens']}-token "
+            f"continuations ({sweep['seeds']} seeds x {len(sweep['prompts'])} prompts per setting); over "
+            f"{ref['count']} held-out windows of the same length the mean is **{ref['mean']:.3f}** (median "
+            f"{ref['median']:.3f}, range {ref['min']:.3f}-{ref['max']:.3f}); greedy decoding's is "
+            f"{greedy['mean']:.3f}. Measured by `{sweep['generated_by']}`.")
+    lines = ["## Default sampling parameters", "", *textwrap.wrap(text, 100), "",
         "| temperature | top_p | repeated share, mean | median | min | max |",
         "|---|---|---|---|---|---|",
     ]

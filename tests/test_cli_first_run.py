@@ -27,7 +27,9 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def _body_and_seed(stdout: str) -> tuple[str, int | None]:
-    body, summary = stdout.rstrip().rsplit("\n[", 1)
+    """(prompt + completion, the seed the summary line names): stdout is the text, a blank line, then
+    the one-line "[... tok/s ...]" summary."""
+    body, summary = stdout.rsplit("\n\n[", 1)
     m = re.search(r"seed (\d+) \(--seed \1 repeats it\)", summary)
     return body, int(m.group(1)) if m else None
 
@@ -63,3 +65,11 @@ def test_the_embedded_defaults_do_not_loop_where_greedy_does():
     texts = [o.outputs[0].text for o in sampled]
     assert len(set(texts)) == 8  # varied
     assert all(_longest_line_run(t) < 3 for t in texts), texts
+
+
+def test_the_readme_shows_the_run_it_names(tmp_path):
+    readme = (REPO_ROOT / "README.md").read_text()
+    m = re.search(r'generate "ROMEO\." --seed (\d+)` prints exactly this.*?```text\n(.*?)```', readme, re.S)
+    assert m, "the README's first-run example is missing"
+    body, _ = _body_and_seed(_cli("--seed", m.group(1), cwd=tmp_path).stdout)
+    assert body.rstrip() == m.group(2).rstrip()
