@@ -154,5 +154,5 @@ def blocks_needed_task(reference: Callable[..., int], seed: int = 0) -> Implemen
     holding ``num_tokens`` KV entries needs. ``reference`` is the runner's own answer, passed in."""
     return ImplementIt("blocks_needed", reference, blocks_needed_cases(seed),
                        same=lambda got, want: parse_int(got) == want,
-                       hint="a request needs whole blocks: the smallest count whose slots hold "
-                            "num_tokens (a ceiling division; 0 tokens need 0 blocks).")
+                       hint="a request holds whole blocks: the fewest blocks whose slots hold "
+                            "num_tokens (0 tokens need 0 blocks).")
