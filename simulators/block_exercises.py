@@ -292,5 +292,5 @@ def slot_mapping_task(reference: Callable[..., list[int]], seed: int = 0) -> Imp
         return [int(x) for x in got] == [int(x) for x in want]
 
     return ImplementIt("slot_mapping", reference, slot_mapping_cases(seed), same=same,
-                       hint="for each pos in range(start, end): block_table[pos // block_size] * "
-                            "block_size + pos % block_size.")
+                       hint="one slot per position in range(start, end): look its logical block up "
+                            "in the table, then add its offset in the block (section 1).")
