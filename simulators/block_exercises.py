@@ -1,5 +1,6 @@
 """Block tables step by step: a small twin of the runner's block bookkeeping, and notebook 03's
-exercises built on it (predict a block table, name the preempted request, count cached tokens).
+exercises built on it (predict a block table, name the preempted request, count cached tokens) and
+its implement-it task (the slot mapping).
 
 Owns ``simulate_block_tables``, a pure-Python model of what ``minirunner``'s scheduler and block
 pool do with block ids (free list order, oldest-first growth, newest-first preemption), and the
@@ -10,9 +11,10 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from simulators.exercises import Exercise, Verdict, parse_int
+from simulators.exercises import Exercise, ImplementIt, Verdict, parse_int
 
 
 def _blocks(num_tokens: int, block_size: int) -> int:
@@ -261,3 +263,34 @@ def make_cached_tokens_exercise(seed: int) -> Exercise:
 
     return Exercise(seed, question, solution, diagnose,
                     hint="only whole shared blocks count, and one prompt token is always computed.")
+
+
+def slot_mapping_cases(seed: int = 0, num_cases: int = 12) -> list[dict]:
+    """Seeded ``dict(block_table, block_size, start, end)`` cases: a shuffled table of distinct block
+    ids and a range of positions [start, end) that may start mid-block and cross block boundaries
+    (a prefill chunk or a single decode token)."""
+    rng = random.Random(seed)
+    cases = []
+    for i in range(num_cases):
+        block_size = rng.choice([1, 2, 4, 8, 16])
+        table = rng.sample(range(64), rng.randint(1, 6))
+        capacity = len(table) * block_size
+        if i % 3 == 0:  # a decode step: one token
+            start = rng.randrange(capacity)
+            end = start + 1
+        else:
+            start = rng.randrange(capacity)
+            end = rng.randint(start + 1, capacity)
+        cases.append(dict(block_table=table, block_size=block_size, start=start, end=end))
+    return cases
+
+
+def slot_mapping_task(reference: Callable[..., list[int]], seed: int = 0) -> ImplementIt:
+    """Notebook 03's implement-it: ``slot_mapping(block_table, block_size, start, end)``, the slot of
+    every token position in [start, end). ``reference`` is the runner's own answer, passed in."""
+    def same(got, want) -> bool:
+        return [int(x) for x in got] == [int(x) for x in want]
+
+    return ImplementIt("slot_mapping", reference, slot_mapping_cases(seed), same=same,
+                       hint="one slot per position in range(start, end): look its logical block up "
+                            "in the table, then add its offset in the block (section 1).")

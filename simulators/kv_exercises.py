@@ -1,21 +1,25 @@
 """Seeded exercises on KV-cache memory (notebook 02) and slot mapping (notebook 03).
 
-Owns the questions and their checkers; the arithmetic comes from ``simulators.kv_memory``. Never
-prints a solution by itself (``Exercise.solution()`` or ``python -m simulators.kv_memory ... -c``).
+Owns the questions and their checkers, and notebook 02's implement-it task (``blocks_needed_task``);
+the arithmetic comes from ``simulators.kv_memory``. Never prints a solution by itself
+(``Exercise.solution()`` or ``python -m simulators.kv_memory ... -c``), and never imports the runner:
+an implement-it reference is passed in.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
-from simulators.exercises import Exercise, Verdict, parse_int
+from simulators.exercises import Exercise, ImplementIt, Verdict, parse_int
 from simulators.kv_memory import BYTES_PER_ELEMENT, kv_shape
 
 _DTYPES = ("float16", "bfloat16", "float32", "float8")
 
 
 def random_config(seed: int, dtype: str | None = None) -> dict:
-    """A plausible (seeded) decoder config: layers, heads, KV heads, head_dim, dtype."""
+    """A plausible (seeded) decoder config: layers, heads, KV heads, head_dim, dtype. ``dtype``
+    replaces only the cache dtype: the same seed gives the same layers and heads with any dtype."""
     rng = random.Random(seed)
     heads = rng.choice([8, 12, 16, 32, 40, 64])
     kv_heads = rng.choice([h for h in (1, 2, 4, 8, heads) if heads % h == 0])
@@ -131,3 +135,24 @@ def make_slot_exercise(seed: int) -> Exercise:
 
     return Exercise(seed, question, solution, diagnose,
                     hint="logical block = pos // block_size; look it up; add the offset.")
+
+
+def blocks_needed_cases(seed: int = 0) -> list[dict]:
+    """Seeded ``dict(num_tokens, block_size)`` cases for ``blocks_needed``: every block size gets the
+    edges a ceiling division gets wrong (0, 1, a multiple of the block, one past it) and random lengths."""
+    rng = random.Random(seed)
+    cases = []
+    for block_size in (1, 4, 16, rng.choice([8, 32, 64])):
+        lengths = {0, 1, block_size - 1, block_size, block_size + 1, 3 * block_size,
+                   rng.randint(1, 2048), rng.randint(1, 2048)}
+        cases += [dict(num_tokens=n, block_size=block_size) for n in sorted(lengths)]
+    return cases
+
+
+def blocks_needed_task(reference: Callable[..., int], seed: int = 0) -> ImplementIt:
+    """Notebook 02's implement-it: ``blocks_needed(num_tokens, block_size)``, the blocks a request
+    holding ``num_tokens`` KV entries needs. ``reference`` is the runner's own answer, passed in."""
+    return ImplementIt("blocks_needed", reference, blocks_needed_cases(seed),
+                       same=lambda got, want: parse_int(got) == want,
+                       hint="a request holds whole blocks: the fewest blocks whose slots hold "
+                            "num_tokens (0 tokens need 0 blocks).")
