@@ -1,16 +1,83 @@
-"""Speculative-decoding exercises: how many tokens does one target pass emit, on average?
+"""Speculative decoding by arithmetic: what a step reads and computes, and how many tokens a pass emits.
 
-Owns seeded questions on the formula E[tokens per target pass] = (1 - a^(k+1)) / (1 - a) (Leviathan et
-al. 2023) with a checker that explains wrong answers. Pure Python; imports nothing of ours but the
-exercise shapes. ``python -m simulators.speculative -s SEED [-c]`` prints the question (and answer).
+Owns the roofline of one decode or verify step of a Llama-family model (weight bytes read, FLOPs,
+arithmetic intensity, the time each bound allows), the speed-up of speculation under that model, and
+seeded questions on E[tokens per target pass] = (1 - a^(k+1)) / (1 - a) (Leviathan et al. 2023) with a
+checker that explains wrong answers. Pure Python; imports nothing of ours but the exercise shapes; a
+model's shape comes in as its config.json dict. ``python -m simulators.speculative -s SEED [-c]`` prints
+the question (and answer).
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+from dataclasses import dataclass
 
 from simulators.exercises import Exercise, Verdict
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """The sizes of a Llama-family decoder that set its weight bytes and FLOPs per token."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> DecoderShape:
+        """From a Hugging Face config.json dict (head_dim defaults to hidden / heads)."""
+        heads = cfg["num_attention_heads"]
+        return cls(cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], heads,
+                   cfg.get("num_key_value_heads", heads), cfg.get("head_dim") or cfg["hidden_size"] // heads,
+                   cfg["vocab_size"])
+
+    @property
+    def matmul_params(self) -> int:
+        """Weights every token is multiplied by: q/k/v/o, gate/up/down of each layer, and the lm_head
+        (the embedding lookup reads one row, so it is left out; norms are negligible)."""
+        attn = self.hidden * self.head_dim * (2 * self.q_heads + 2 * self.kv_heads)
+        mlp = 3 * self.hidden * self.intermediate
+        return self.layers * (attn + mlp) + self.vocab * self.hidden
+
+
+def roofline_step(params: int, bytes_per_param: float, tokens: int, bandwidth: float,
+                  peak_flops: float) -> dict:
+    """One forward step that reads ``params`` weights once and multiplies ``tokens`` tokens by them.
+
+    bytes = params x bytes_per_param; FLOPs = 2 x params x tokens (a multiply and an add per weight per
+    token); intensity = FLOPs / byte. memory_s and compute_s are the times the two limits allow
+    (bandwidth in bytes/s, peak in FLOP/s); the step takes at least the larger (the roofline: KV reads
+    and launch overhead come on top). bound: which one sets it."""
+    if tokens < 1 or params < 1 or bandwidth <= 0 or peak_flops <= 0:
+        raise ValueError("tokens and params must be >= 1, bandwidth and peak_flops > 0")
+    weight_bytes = params * bytes_per_param
+    flops = 2.0 * params * tokens
+    memory_s, compute_s = weight_bytes / bandwidth, flops / peak_flops
+    return dict(bytes=weight_bytes, flops=flops, intensity=flops / weight_bytes, memory_s=memory_s,
+                compute_s=compute_s, step_s=max(memory_s, compute_s),
+                bound="memory" if memory_s >= compute_s else "compute")
+
+
+def roofline_speedup(alpha: float, k: int, target_params: int, draft_params: int, batch: int,
+                     bytes_per_param: float, bandwidth: float, peak_flops: float) -> float:
+    """Speed-up of speculation over plain decoding when every step sits on the roofline (no overhead).
+
+    Plain: one target step of ``batch`` tokens per emitted token. Speculative: k draft steps of
+    ``batch`` tokens and one target step of batch x (k + 1) tokens per (1 - a^(k+1)) / (1 - a) tokens.
+    Memory-bound verify steps make the k + 1 tokens almost free; compute-bound ones do not."""
+    if k == 0:
+        return 1.0
+    step = lambda params, tokens: roofline_step(params, bytes_per_param, tokens, bandwidth,  # noqa: E731
+                                                peak_flops)["step_s"]
+    plain = step(target_params, batch)
+    spec = k * step(draft_params, batch) + step(target_params, batch * (k + 1))
+    return tokens_per_pass(alpha, k) * plain / spec
 
 
 def tokens_per_pass(alpha: float, k: int) -> float:
