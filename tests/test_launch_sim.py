@@ -220,6 +220,7 @@ def test_command_line_hides_answers_unless_asked():
 
 
 def test_simulator_imports_without_torch():
-    code = "import sys, simulators.launch; assert 'torch' not in sys.modules; print('ok')"
+    code = ("import sys, simulators.launch, simulators.graph_exercises; "
+            "assert 'torch' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"
