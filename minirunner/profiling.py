@@ -2,8 +2,10 @@
 
 Owns measurement only: counting what one engine step dispatches (a ``TorchDispatchMode``), attributing
 each operator to the innermost module running it (or to the attention backend, or to the runner
-outside the model), replaying the recorded operators to time their arithmetic, the per-operator host
-overhead, and median eager decode step times at given batch sizes. It drives an engine through its public
+outside the model), telling operators that compute (each launches at least one kernel on a GPU) from
+metadata-only ones (views, slices, no-op casts: no kernel), replaying the recorded operators to time
+their arithmetic, the per-operator host overhead, and median eager decode step times at given batch
+sizes. It drives an engine through its public
 step loop and leaves it with no requests; it never changes what a step computes.
 """
 
@@ -42,6 +44,36 @@ class OpRecord:
     func: object = field(default=None, repr=False)
     args: tuple = field(default=(), repr=False)
     kwargs: dict = field(default_factory=dict, repr=False)
+    launches_kernel: bool = True  # False: metadata only (a view, a slice, a cast to the same dtype)
+
+
+# Operators that allocate without writing: no kernel on a GPU (the caching allocator hands out memory).
+_ALLOCATION_ONLY = frozenset({"aten.empty.memory_format", "aten.empty_strided.default",
+                              "aten.empty_like.default", "aten.new_empty.default"})
+
+
+def _storages(tree) -> list[int]:
+    return [t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves(tree)
+            if isinstance(t, torch.Tensor)]
+
+
+def launches_kernel(func, args: tuple, kwargs: dict, out) -> bool:
+    """Whether a dispatched aten operator does device work, from what it did: False when every tensor
+    it returned shares storage with one of its inputs and it wrote none (a view, a slice, a reshape of
+    a contiguous tensor, ``.to`` of the dtype it already has) or when it only allocated. In-place and
+    ``out=`` operators write, so they count. On a GPU a True operator launches at least one kernel
+    (composite ones, like ``matmul`` with a copy, may launch more; a profiler counts the kernels)."""
+    if str(func) in _ALLOCATION_ONLY:
+        return False
+    schema = getattr(func, "_schema", None)
+    if schema is not None and any(a.alias_info is not None and a.alias_info.is_write
+                                  for a in schema.arguments):
+        return True  # in-place or out=: it writes memory
+    outs = _storages(out)
+    if not outs:
+        return True  # returns no tensor (e.g. a scalar read back to the host): a copy, not metadata
+    inputs = set(_storages((args, kwargs)))
+    return not all(o in inputs for o in outs)
 
 
 @dataclass(frozen=True)
@@ -58,6 +90,16 @@ class OperatorCount:
     @property
     def by_op(self) -> Counter:
         return Counter(r.name for r in self.records)
+
+    @property
+    def launching(self) -> int:
+        """Operators that do device work: on a GPU each launches at least one kernel."""
+        return sum(1 for r in self.records if r.launches_kernel)
+
+    @property
+    def metadata_only(self) -> int:
+        """Views, slices and no-op casts: dispatched on the host, no kernel on a device."""
+        return self.total - self.launching
 
     @property
     def by_module(self) -> Counter:
@@ -102,14 +144,16 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        kernel = launches_kernel(func, args, kwargs, out)
         if self.keep_args:
             # The very tensors, not copies: a replay then touches the same memory the step touched
             # (copies would each be cold in the cache). In-place operators replay onto the same
             # storage with the same inputs, which rewrites the same values.
-            self.records.append(OpRecord(str(func), self.where(), func, args, kwargs))
+            self.records.append(OpRecord(str(func), self.where(), func, args, kwargs, kernel))
         else:
-            self.records.append(OpRecord(str(func), self.where()))
-        return func(*args, **kwargs)
+            self.records.append(OpRecord(str(func), self.where(), launches_kernel=kernel))
+        return out
 
 
 @contextmanager

@@ -1,9 +1,10 @@
 """Launch overhead, small enough to do by hand: a discrete-event model of one decode step.
 
 Owns the timeline of a step on two resources, the host (which prepares inputs and issues operators)
-and the device (which runs them in issue order), in four modes: ``eager``, ``graph``, ``graph_ladder``
-and ``async``; the seed article's dispatch arithmetic; seeded exercises and the
-``python -m simulators.launch`` command line. Pure Python: it never imports torch or anything of the
+and the device (which runs them in issue order), in five modes: ``eager``, ``graph``, ``graph_ladder``,
+``async`` and ``graph_async``; the seed article's dispatch arithmetic; the one GPU speed-up prediction
+the course quotes (``predict_gpu_speedup``); seeded exercises and the ``python -m simulators.launch``
+command line. Pure Python: it never imports torch or anything of the
 runner; calibration figures measured on the runner come in as plain numbers.
 """
 
@@ -15,12 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from simulators.buckets import capture_sizes, check_ladder, padded_batch_size
-from simulators.exercises import Exercise, Verdict
+from simulators.exercises import Exercise, ImplementIt, Verdict
 
-MODES = ("eager", "graph", "graph_ladder", "async")
+MODES = ("eager", "graph", "graph_ladder", "async", "graph_async")
 __all__ = ["MODES", "Event", "StepResult", "simulate", "dispatch_us_per_token", "plot_timeline",
-           "capture_sizes", "padded_batch_size", "make_step_exercise", "make_graph_exercise",
-           "make_bucket_exercise", "make_remedy_exercise", "main"]
+           "capture_sizes", "padded_batch_size", "GpuPrediction", "predict_gpu_speedup",
+           "ILLUSTRATIVE_GPU", "make_step_exercise", "make_graph_exercise",
+           "make_bucket_exercise", "make_remedy_exercise", "make_step_time_task", "main"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,14 +110,17 @@ def simulate(kernel_us: Sequence[float], launch_us: float, mode: str = "eager", 
     graph_ladder: the batch runs at ``padded_batch_size(batch_size, ladder)``; each padded row adds
       ``padded_row_us`` of device time to every operator. No rung large enough: the step runs eager.
     async: eager launches, but the host prepares step n+1 while the device still runs step n, and
-      post-processes step n once it is done (as vLLM's Model Runner V2 overlaps them).
+      post-processes step n once it is done (async scheduling alone, without graphs).
+    graph_async: both, as vLLM's Model Runner V2 runs decode: each step is one graph launch, and the
+      host prepares step n+1 and post-processes step n while the device replays. Its steady state is
+      max(host work per step, device work per step).
     """
     graph_launch = launch_us if graph_launch_us is None else graph_launch_us
     kernels = _check(kernel_us, launch_us, mode, {
         "host_other_us": host_other_us, "postprocess_us": postprocess_us,
         "graph_launch_us": graph_launch, "node_us": node_us, "padded_row_us": padded_row_us})
-    if mode == "async" and num_steps < 3:
-        raise ValueError("async needs num_steps >= 3 to reach a steady state")
+    if mode in ("async", "graph_async") and num_steps < 3:
+        raise ValueError(f"{mode} needs num_steps >= 3 to reach a steady state")
     bucket = None
     if mode == "graph_ladder":
         sizes = capture_sizes(max(batch_size, 1)) if ladder is None else check_ladder(ladder)
@@ -131,6 +136,9 @@ def simulate(kernel_us: Sequence[float], launch_us: float, mode: str = "eager", 
                       batch_size, batch_size)
     if mode == "async":
         return _async(kernels, launch_us, host_other_us, postprocess_us, num_steps, batch_size)
+    if mode == "graph_async":
+        return _async(kernels, launch_us, host_other_us, postprocess_us, num_steps, batch_size,
+                      graph=(graph_launch, node_us))
     return _eager(kernels, launch_us, host_other_us, postprocess_us, synchronous, "eager",
                   batch_size, None)
 
@@ -164,19 +172,27 @@ def _eager(kernels, launch_us, other, post, synchronous, mode, batch_size, bucke
     return _result(mode, events, done + post, batch_size, bucket)
 
 
+def _replay(kernels, graph_launch, node_us, host_t, device_t, step, events):
+    """One graph launch at ``host_t``; the device replays every node back to back once the launch is
+    issued and the previous work is done. Returns (host time, device time) afterwards."""
+    events.append(Event("host", "graph_launch", host_t, host_t + graph_launch, step))
+    host_t += graph_launch
+    device_t = max(host_t, device_t)
+    for i, k in enumerate(kernels):  # replay: nodes back to back, no host work between them
+        events.append(Event("device", "kernel", device_t, device_t + k + node_us, step, i))
+        device_t += k + node_us
+    return host_t, device_t
+
+
 def _graph(kernels, graph_launch, node_us, other, post, mode, batch_size, bucket) -> StepResult:
     events = [Event("host", "prepare", 0.0, other)] if other else []
-    events.append(Event("host", "graph_launch", other, other + graph_launch))
-    device_t = other + graph_launch
-    for i, k in enumerate(kernels):  # replay: nodes back to back, no host work between them
-        events.append(Event("device", "kernel", device_t, device_t + k + node_us, 0, i))
-        device_t += k + node_us
+    _, device_t = _replay(kernels, graph_launch, node_us, other, 0.0, 0, events)
     if post:
         events.append(Event("host", "postprocess", device_t, device_t + post))
     return _result(mode, events, device_t + post, batch_size, bucket)
 
 
-def _async(kernels, launch_us, other, post, num_steps, batch_size) -> StepResult:
+def _async(kernels, launch_us, other, post, num_steps, batch_size, graph=None) -> StepResult:
     events: list[Event] = []
     host_t = device_t = 0.0
     done: list[float] = []
@@ -185,14 +201,22 @@ def _async(kernels, launch_us, other, post, num_steps, batch_size) -> StepResult
         if other:
             events.append(Event("host", "prepare", host_t, host_t + other, step))
             host_t += other
-        host_t, device_t = _issue(kernels, launch_us, host_t, device_t, False, step, events)
+        if graph is None:
+            host_t, device_t = _issue(kernels, launch_us, host_t, device_t, False, step, events)
+        else:
+            host_t, device_t = _replay(kernels, *graph, host_t, device_t, step, events)
         if pending is not None:  # step n-1's outputs, copied back while step n was being issued
             host_t = _post(events, pending, host_t, post, done)
         pending = (step, device_t)
     _post(events, pending, host_t, post, done)
-    # the pipeline has filled by the end; the very last step has no successor to overlap with
-    step_us = done[-2] - done[-3]
-    return _result("async", events, step_us, batch_size, None, num_steps)
+    # The steady state: the time between the device finishing two consecutive steps. (The host's
+    # post-processing times converge to the same period, but only after many steps when host and
+    # device work per step are close; the device's finishing times settle from the first steps.)
+    ends = [max(e.end_us for e in events if e.resource == "device" and e.step == s)
+            for s in (num_steps - 2, num_steps - 1)]
+    step_us = ends[1] - ends[0]
+    return _result("async" if graph is None else "graph_async", events, step_us, batch_size,
+                   None if graph is None else batch_size, num_steps)
 
 
 def _post(events, pending, host_t, post, done) -> float:
@@ -202,6 +226,51 @@ def _post(events, pending, host_t, post, done) -> float:
         events.append(Event("host", "postprocess", start, start + post, step))
     done.append(start + post)
     return start + post
+
+
+# ---------------------------------------------------------------------------------------------
+# the GPU prediction the course quotes (notebooks 04 and 05 call this one function with the same inputs)
+
+# Illustrative GPU costs, not measurements: the seed article's 5 µs of host time per eager launch, one
+# graph launch of the same cost, and a small decode kernel of 2 µs. Published per-launch costs are of
+# that order (NVIDIA's "Getting Started with CUDA Graphs" on a V100, Hazy Research's "Look Ma, No
+# Bubbles" on an H100: a few µs per launch); pass measured figures to predict a real GPU.
+ILLUSTRATIVE_GPU = {"kernel_us": 2.0, "launch_us": 5.0}
+
+
+@dataclass(frozen=True)
+class GpuPrediction:
+    """The four modes of one decode step of ``num_kernels`` equal kernels, and the graph's speed-up."""
+
+    num_kernels: int
+    eager: StepResult
+    graph: StepResult
+    async_: StepResult
+    graph_async: StepResult
+
+    @property
+    def speedup(self) -> float:
+        """Eager step time over graph step time: what capture alone buys."""
+        return self.eager.step_us / self.graph.step_us
+
+    def modes(self) -> tuple[StepResult, ...]:
+        return (self.eager, self.graph, self.async_, self.graph_async)
+
+
+def predict_gpu_speedup(num_kernels: int, kernel_us: float = ILLUSTRATIVE_GPU["kernel_us"],
+                        launch_us: float = ILLUSTRATIVE_GPU["launch_us"], *,
+                        graph_launch_us: float | None = None, host_other_us: float = 0.0,
+                        postprocess_us: float = 0.0) -> GpuPrediction:
+    """A decode step of ``num_kernels`` kernels of ``kernel_us`` each, issued at ``launch_us`` per eager
+    launch, simulated eager, as one graph, with async scheduling, and with both. A prediction from the
+    inputs given, never a measurement; the defaults are ``ILLUSTRATIVE_GPU``."""
+    if not isinstance(num_kernels, int) or num_kernels < 1:
+        raise ValueError(f"num_kernels must be a positive int, got {num_kernels!r}")
+    kernels = [float(kernel_us)] * num_kernels
+    kw = {"launch_us": launch_us, "graph_launch_us": graph_launch_us, "host_other_us": host_other_us,
+          "postprocess_us": postprocess_us}
+    return GpuPrediction(num_kernels, *(simulate(kernels, mode=m, **kw)
+                                        for m in ("eager", "graph", "async", "graph_async")))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,6 +464,29 @@ def make_remedy_exercise(seed: int) -> Exercise:
 
     return Exercise(seed, question, best, diagnose,
                     hint="first decide whether the step is host- or device-bound (make_step_exercise).")
+
+
+def make_step_time_task(seed: int = 0, num_cases: int = 12) -> ImplementIt:
+    """Implement it: ``eager_step_us(kernel_us, launch_us, host_other_us)``, the eager step by the
+    max(host, device) rule, checked against ``simulate(...).step_us`` on seeded steps (host-bound,
+    device-bound and mixed ones; the first cases are small enough to do by hand)."""
+    rng = random.Random(seed)
+    cases = [{"kernel_us": [5.0, 5.0, 5.0], "launch_us": 10.0, "host_other_us": 0.0},   # host-bound
+             {"kernel_us": [10.0, 10.0, 10.0], "launch_us": 4.0, "host_other_us": 0.0},  # device-bound
+             {"kernel_us": [10.0, 1.0, 1.0], "launch_us": 4.0, "host_other_us": 6.0}]    # mixed
+    while len(cases) < num_cases:
+        n, launch = rng.randint(3, 12), float(rng.randint(1, 12))
+        cases.append({"kernel_us": [float(rng.randint(1, 20)) for _ in range(n)], "launch_us": launch,
+                      "host_other_us": float(rng.randrange(0, 41, 5))})
+
+    def reference(kernel_us, launch_us, host_other_us):
+        return simulate(kernel_us, launch_us, host_other_us=host_other_us).step_us
+
+    return ImplementIt(
+        "eager_step_us", reference, cases,
+        same=lambda got, expected: isinstance(got, int | float) and abs(got - expected) < 1e-6,
+        hint="the host issues operator i after host_other_us + (i + 1) * launch_us; the device starts it "
+             "at max(that time, the end of operator i - 1); return when the last one ends.")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from simulators.launch import (
     make_graph_exercise,
     make_remedy_exercise,
     make_step_exercise,
+    predict_gpu_speedup,
     random_problem,
     simulate,
 )
@@ -142,6 +143,49 @@ def test_async_hides_other_host_work_behind_the_device():
     assert host_bound.step_us == 20.0 + 50.0 + 10.0
 
 
+def test_graph_async_device_bound_step_costs_the_device_time():
+    # 10 nodes of 10 µs; host per step = 20 prepare + 5 graph launch + 10 postprocess = 35 < 100:
+    # in the steady state the device replays back to back and the step is the device's 100 µs
+    r = simulate([10.0] * 10, 5.0, "graph_async", host_other_us=20.0, postprocess_us=10.0)
+    assert r.step_us == 100.0
+    assert r.device_idle_fraction == 0.0 and r.bound == "device"
+    assert r.host_busy_us == 35.0 and r.device_busy_us == 100.0
+    assert [e.kind for e in r.events if e.resource == "host" and e.step == 2] == [
+        "prepare", "graph_launch", "postprocess"]
+
+
+def test_graph_async_host_bound_step_costs_the_host_time():
+    # 10 nodes of 1 µs (10 µs of device work) against 20 + 5 + 10 = 35 µs of host work per step
+    r = simulate([1.0] * 10, 5.0, "graph_async", host_other_us=20.0, postprocess_us=10.0)
+    assert r.step_us == 35.0 and r.bound == "host"
+    assert r.device_idle_fraction == pytest.approx(25 / 35)
+    # node cost is device time: 10 nodes x (1 + 0.5) = 15 µs, still under the host's 35
+    assert simulate([1.0] * 10, 5.0, "graph_async", host_other_us=20.0, postprocess_us=10.0,
+                    node_us=0.5).device_busy_us == 15.0
+
+
+def test_graph_async_is_never_slower_than_graph_or_async_alone():
+    for kernels, launch, other, post in (([1.0] * 20, 5.0, 30.0, 10.0), ([8.0] * 20, 2.0, 30.0, 10.0),
+                                         ([3.0, 9.0, 1.0] * 7, 4.0, 0.0, 0.0)):
+        kw = {"host_other_us": other, "postprocess_us": post}
+        both = simulate(kernels, launch, "graph_async", **kw).step_us
+        assert both <= simulate(kernels, launch, "graph", **kw).step_us
+        assert both <= simulate(kernels, launch, "async", **kw).step_us
+        # the steady state of two overlapped resources: the larger of their work per step
+        assert both == max(other + launch + post, sum(kernels))
+
+
+def test_gpu_prediction_is_eager_over_graph_by_hand():
+    # 100 kernels of 2 µs, 5 µs per launch: eager = 100 x 5 + 2 = 502 (host-bound);
+    # graph = 5 + 100 x 2 = 205; graph + async = max(5, 200) = 200
+    p = predict_gpu_speedup(100, kernel_us=2.0, launch_us=5.0)
+    assert p.eager.step_us == 502.0 and p.graph.step_us == 205.0 and p.graph_async.step_us == 200.0
+    assert p.speedup == pytest.approx(502 / 205)
+    assert [r.mode for r in p.modes()] == ["eager", "graph", "async", "graph_async"]
+    with pytest.raises(ValueError, match="positive"):
+        predict_gpu_speedup(0)
+
+
 def test_exercises_check_their_own_solutions_and_explain_wrong_answers():
     for seed in range(5):
         for make in (make_step_exercise, make_graph_exercise, make_bucket_exercise,
@@ -176,6 +220,7 @@ def test_command_line_hides_answers_unless_asked():
 
 
 def test_simulator_imports_without_torch():
-    code = "import sys, simulators.launch; assert 'torch' not in sys.modules; print('ok')"
+    code = ("import sys, simulators.launch, simulators.graph_exercises; "
+            "assert 'torch' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from minirunner import LLM, SamplingParams
 from minirunner.profiling import (
     BACKEND,
     OUTSIDE,
     calibrate_eager,
+    launches_kernel,
     measure_decode_steps,
     measure_op_overhead,
     record_decode_step,
@@ -131,3 +133,37 @@ def test_op_overhead_is_reported_per_operator():
     overhead = measure_op_overhead(reps=50, repeats=3)
     assert set(overhead) == {"add", "mul", "view", "linear", "to(float64)"}
     assert all(0 < t < 1e-2 for t in overhead.values())
+
+
+def _classify(op, *args, **kwargs) -> bool:
+    out = op(*args, **kwargs)
+    return launches_kernel(op, args, kwargs, out)
+
+
+def test_metadata_only_operators_are_told_from_computing_ones():
+    aten = torch.ops.aten
+    x = torch.arange(12.0).reshape(3, 4)
+    # views, slices and casts to the dtype a tensor already has: no data written
+    assert not _classify(aten.view.default, x, [4, 3])
+    assert not _classify(aten.slice.Tensor, x, 1, 0, 2)
+    assert not _classify(aten.transpose.int, x, 0, 1)
+    assert not _classify(aten.reshape.default, x, [12])  # contiguous: a view
+    assert not _classify(aten.to.dtype, x, torch.float32)
+    assert not _classify(aten.empty.memory_format, [3, 4])
+    # arithmetic, copies and in-place writes: each is a kernel on a GPU
+    assert _classify(aten.add.Tensor, x, x)
+    assert _classify(aten.to.dtype, x, torch.float64)  # a real conversion
+    assert _classify(aten.reshape.default, x.t(), [12])  # not contiguous: reshape copies
+    assert _classify(aten.add_.Tensor, x.clone(), 1.0)
+    assert _classify(aten.mm.default, x, x.t())
+
+
+def test_a_decode_step_counts_views_apart_from_kernels(tiny):
+    name, path = tiny
+    count = record_decode_step(_llm(path), batch_size=2)
+    views = {"aten.view.default", "aten.slice.Tensor", "aten.transpose.int", "aten.select.int"}
+    assert all(not r.launches_kernel for r in count.records if r.name in views)
+    assert all(r.launches_kernel for r in count.records
+               if r.name in {"aten.linear.default", "aten.rms_norm.default", "aten.embedding.default"})
+    assert count.launching + count.metadata_only == count.total
+    assert 0 < count.metadata_only < count.total
