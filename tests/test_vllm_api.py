@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -338,3 +340,28 @@ def test_profiler_writes_a_trace_of_the_steps(llm, tmp_path, capsys):
     assert names & {"aten::mm", "aten::addmm", "aten::linear", "aten::matmul"}, "model ops traced"
     with pytest.raises(ValueError, match="start_profile"):
         llm.stop_profile()
+
+
+# -- the transformers baseline of `minirunner bench` -----------------------------------------------
+def test_bench_transformers_baseline_prints_no_generation_warnings(tiny, tmp_path):
+    """A checkpoint whose generation_config.json sets max_length and sampling defaults (as published
+    models do) makes transformers warn on every greedy max_new_tokens batch unless the baseline passes
+    its own greedy config; the figures stay those of the same greedy run. In a fresh process, where
+    transformers' logging goes to the real stderr."""
+    model_dir = tmp_path / "published"
+    shutil.copytree(tiny[0], model_dir)
+    (model_dir / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "max_length": 256,
+         "temperature": 0.8, "top_p": 0.95, "do_sample": True}))
+    script = (
+        "import sys, torch\n"
+        "from minirunner.bench.run import run_transformers\n"
+        "from minirunner.bench.workloads import make_workload\n"
+        "w = make_workload('nano', 4, 96, 64, input_len=(4, 8), output_len=(3, 6))\n"
+        "r = run_transformers(sys.argv[1], w, 2, torch.float32, torch.device('cpu'))\n"
+        "print(r.output_tokens == w.num_output_tokens)\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(model_dir)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("True"), proc.stderr[-2000:]
+    for words in ("max_length", "max_new_tokens", "generation flags", "do_sample", "temperature"):
+        assert words not in proc.stderr, proc.stderr[-2000:]
