@@ -76,11 +76,10 @@ def run_minirunner(llm: LLM, workload: Workload, label: str = "minirunner",
     if spec is not None:
         spec.reset_stats()  # metrics of this run only
     start = time.perf_counter()
+    # A request the engine refuses (too long for max_model_len or the KV pool) raises ValueError
+    # naming it before anything runs.
     outs = llm.generate(workload.prompts, params, use_tqdm=use_tqdm)
     seconds = time.perf_counter() - start
-    errors = [o.error for o in outs if o.error]
-    if errors:
-        raise ValueError(f"{len(errors)} benchmark requests were refused, e.g.: {errors[0]}")
     trace = llm.get_step_trace()
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     ttft = [o.metrics.time_to_first_token for o in outs]
