@@ -217,9 +217,29 @@ def test_every_vllm_sampling_field_at_its_default_changes_nothing(llm):
         _tokens(llm.generate(TEXTS, GREEDY, use_tqdm=False))
     assert SamplingParams(seed=-1).seed is None  # vLLM: -1 asks for unseeded sampling
     assert SamplingParams(logprobs=True).logprobs == 1
-    quiet = llm.generate(TEXTS[0], dataclasses.replace(GREEDY, detokenize=False), use_tqdm=False)[0]
+
+
+
+def test_detokenize_false_gives_token_ids_only(llm):
+    """vLLM's rule: no text, and logprobs without decoded tokens; the tokens are unchanged."""
+    quiet = llm.generate(TEXTS[0], dataclasses.replace(GREEDY, detokenize=False, logprobs=3,
+                                                       prompt_logprobs=3), use_tqdm=False)[0]
     assert quiet.outputs[0].text == "" and quiet.outputs[0].token_ids == \
         _tokens(llm.generate(TEXTS[0], GREEDY, use_tqdm=False))[0]
+    for step in quiet.prompt_logprobs[1:] + quiet.outputs[0].logprobs:
+        assert 3 <= len(step) <= 4 and all(lp.decoded_token is None for lp in step.values())
+
+
+def test_first_stop_token_reached_ends_the_output_whatever_the_list_order(llm):
+    free = _tokens(llm.generate(TEXTS[1], dataclasses.replace(GREEDY, max_tokens=12),
+                                use_tqdm=False))[0]
+    first, second = free[5], free[6]
+    end = free.index(first) + 1
+    for stops in ([second, first], [first, second]):
+        out = llm.generate(TEXTS[1], dataclasses.replace(GREEDY, max_tokens=12, stop_token_ids=stops),
+                           use_tqdm=False)[0].outputs[0]
+        stop_at = min(end, free.index(second) + 1)
+        assert out.token_ids == free[:stop_at] and out.stop_reason == free[stop_at - 1]
 
 
 NON_DEFAULT = {"best_of": 2, "spaces_between_special_tokens": False, "logits_processors": [abs],
