@@ -156,6 +156,9 @@ class EngineConfig:
     cudagraph_capture_sizes: list[int] | None = None  # the bucket ladder (None: graphs.capture_sizes)
     speculative_config: dict | None = None  # parsed by minirunner.spec.config.SpeculativeConfig
     async_scheduling: bool = False  # draft-model steps scheduled one step ahead (spec/async_loop.py)
+    tokenizer: str | None = None  # a tokenizer directory other than the model's (vLLM's `tokenizer`)
+    tokenizer_mode: str = "auto"  # "auto" / "hf": the fast tokenizer when there is one; "slow"
+    max_logprobs: int = 20  # the most logprobs / prompt_logprobs a request may ask for (vLLM's default)
 
     def validate(self, model_config: ModelConfig) -> None:
         from minirunner.graphs import capture_sizes, resolve_graph_mode

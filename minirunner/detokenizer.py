@@ -10,6 +10,8 @@ every chunk's text equals the final output text. Never touches tokens' K/V or th
 from __future__ import annotations
 
 _REPLACEMENT = "\ufffd"  # what a decoder yields for an incomplete UTF-8 sequence
+# Prompt tokens decoded as left context of the output (vLLM's INITIAL_INCOMING_OFFSET is 5).
+PROMPT_CONTEXT_TOKENS = 5
 
 
 class IncrementalDetokenizer:
@@ -17,23 +19,29 @@ class IncrementalDetokenizer:
 
     ``prefix_offset:read_offset`` are the tokens whose text was last emitted (kept as left context so
     that a decoder that strips a leading space or merges bytes sees the same window both times);
-    tokens after ``read_offset`` are pending (their text was incomplete).
+    tokens after ``read_offset`` are pending (their text was incomplete). ``token_ids`` starts with the
+    prompt's last few tokens, as vLLM's detokenizer does: the output is decoded as a continuation of
+    the prompt, so a SentencePiece decoder, which drops the leading space (▁) of the first token it
+    decodes, keeps the space of the first output token (" glit", not "glit").
     """
 
     __slots__ = ("tokenizer", "skip_special_tokens", "stop", "include_stop", "min_tokens",
                  "token_ids", "prefix_offset", "read_offset", "_text", "num_sent", "finished",
-                 "stop_check_offset")
+                 "stop_check_offset", "num_context")
 
     def __init__(self, tokenizer, skip_special_tokens: bool = True, stop: list[str] = (),
-                 include_stop_str_in_output: bool = False, min_tokens: int = 0):
+                 include_stop_str_in_output: bool = False, min_tokens: int = 0,
+                 prompt_token_ids: list[int] = ()):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.stop = list(stop)
         self.include_stop = include_stop_str_in_output
         self.min_tokens = min_tokens
-        self.token_ids: list[int] = []
+        self.token_ids: list[int] = list(
+            prompt_token_ids[max(0, len(prompt_token_ids) - PROMPT_CONTEXT_TOKENS):])
+        self.num_context = len(self.token_ids)  # prompt tokens in front of the output's
         self.prefix_offset = 0
-        self.read_offset = 0
+        self.read_offset = self.num_context
         self._text = ""
         self.num_sent = 0  # characters of output_text already streamed
         self.finished = False
@@ -71,26 +79,24 @@ class IncrementalDetokenizer:
         if not delta:
             return None
         # As vLLM: stop strings are looked for only in text that follows the first min_tokens tokens.
-        if len(self.token_ids) <= self.min_tokens:
+        if len(self.token_ids) - self.num_context <= self.min_tokens:
             self.stop_check_offset = len(self._text)
             return None
         return self._find_stop(len(delta))
 
     def _find_stop(self, num_new_chars: int) -> str | None:
+        """As vLLM: the stop strings are tried in the order given, and the first one that now occurs
+        wins (even when a later one in the list occurs earlier in the text)."""
         text = self._text
-        best: tuple[int, str] | None = None
         for stop in self.stop:
             # A new match must end inside the new characters.
             start = max(self.stop_check_offset, len(text) - num_new_chars - len(stop) + 1)
             pos = text.find(stop, start)
-            if pos >= 0 and (best is None or pos < best[0]):
-                best = (pos, stop)
-        if best is None:
-            return None
-        pos, stop = best
-        self._text = text[:pos + len(stop)] if self.include_stop else text[:pos]
-        self.finished = True
-        return stop
+            if pos >= 0:
+                self._text = text[:pos + len(stop)] if self.include_stop else text[:pos]
+                self.finished = True
+                return stop
+        return None
 
     def finish(self, stopped_by_string: bool = False) -> None:
         """The request ended: flush text held for an incomplete character (a stop string already cut

@@ -25,6 +25,7 @@ from minirunner.attention import get_backend_class, resolve_backend_name
 from minirunner.config import EngineConfig, ModelConfig
 from minirunner.detokenizer import IncrementalDetokenizer
 from minirunner.generation_config import generation_eos_ids
+from minirunner.input_processor import InputProcessor, ProcessedPrompt
 from minirunner.kv.contiguous import ContiguousKVManager
 from minirunner.kv.manager import KVCacheManager
 from minirunner.logprobs import collect_step_logprobs
@@ -51,7 +52,7 @@ class LLMEngine:
         self.config = config
         self.model_config = model_config or ModelConfig.from_dir(config.model)
         config.validate(self.model_config)
-        self.tokenizer = load_tokenizer(config.model)
+        self.tokenizer = load_tokenizer(config.tokenizer or config.model, config.tokenizer_mode)
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_token_ids = (frozenset(self.model_config.eos_token_ids)
                               | generation_eos_ids(config.model)
@@ -102,6 +103,9 @@ class LLMEngine:
                 raise ValueError(f"async_scheduling needs an attention backend whose graph steps plan on "
                                  f"the device (torch or triton), not {backend_name!r}")
             self.async_spec = AsyncSpeculation(self)
+        self.input_processor = InputProcessor(self.tokenizer, mc.vocab_size, config.max_model_len,
+                                              config.max_logprobs, self.kv.reservation_blocks,
+                                              lambda: self.num_kv_blocks)
         self.requests: dict[str, Request] = {}  # every live completion, by its own id
         self.groups: dict[str, list[Request]] = {}  # add_request's id -> its n completions
         self._token_text: dict[int, str] = {}
@@ -141,44 +145,27 @@ class LLMEngine:
         return int(blocks)
 
     # -- requests -------------------------------------------------------------------------------
-    def tokenize(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this model directory has no tokenizer files: pass prompts as "
-                                 "lists of token ids")
-            return list(self.tokenizer.encode(prompt, add_special_tokens=True))
-        if not isinstance(prompt, (list, tuple)) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            raise ValueError("a prompt must be a string or a list of integer token ids")
-        return list(prompt)
+    def tokenize(self, prompt) -> list[int]:
+        """The token ids of one prompt (a string, token ids, or a vLLM prompt dict)."""
+        return self.input_processor.parse(prompt)[0]
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+    def process_input(self, prompt, params: SamplingParams | None = None) -> ProcessedPrompt:
+        """Validate one request without queueing it (minirunner/input_processor.py); raises ValueError."""
+        processed = self.input_processor.process(prompt, params or SamplingParams())
+        self._check_params(processed.params)
+        return processed
+
+    def add_request(self, prompt, params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
-        """Validate and queue one request; returns its id. Raises ValueError (queueing nothing) for a
+        """Validate and queue one request (a prompt in any of vLLM's forms, or a ProcessedPrompt);
+        returns its id. Raises ValueError (queueing nothing, every other request still served) for a
         bad prompt or a request whose KV cannot fit in the pool even alone."""
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError("sampling_params must be a SamplingParams")
-        token_ids = self.tokenize(prompt)
+        if not isinstance(prompt, ProcessedPrompt):
+            prompt = self.process_input(prompt, params)
+        token_ids, params = prompt.token_ids, prompt.params
         max_model_len = self.config.max_model_len
-        vocab = self.model_config.vocab_size
-        if not token_ids:
-            raise ValueError("the prompt is empty: give at least one token")
-        if len(token_ids) >= max_model_len:
-            raise ValueError(f"the prompt has {len(token_ids)} tokens but max_model_len is "
-                             f"{max_model_len}, which leaves no room to generate: shorten the "
-                             "prompt or raise max_model_len")
-        bad = [t for t in token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-        self._check_params(params)
         max_len = max_model_len if params.max_tokens is None else min(
             max_model_len, len(token_ids) + params.max_tokens)
-        need = self.kv.reservation_blocks(max_len)
-        if need > self.num_kv_blocks:
-            raise ValueError(f"this request needs up to {need} KV blocks (prompt {len(token_ids)} + "
-                             f"max_tokens {params.max_tokens}) but the pool has only "
-                             f"{self.num_kv_blocks}: lower max_tokens or enlarge the KV budget")
         request_id = str(next(self._ids)) if request_id is None else request_id
         ids = [child_id(request_id, i) for i in range(params.n)]
         if request_id in self.groups or any(i in self.requests for i in ids):
@@ -186,13 +173,13 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         group = [Request(cid, token_ids, params, child_seed(seed, i), max_len,
                          frozenset() if params.ignore_eos else self.eos_token_ids,
-                         prompt=prompt if isinstance(prompt, str) else None,
+                         prompt=prompt.text,
                          group_id=request_id, index=i) for i, cid in enumerate(ids)]
         for request in group:
-            if self.tokenizer is not None:
+            if self.tokenizer is not None and params.detokenize:
                 request.detok = IncrementalDetokenizer(
                     self.tokenizer, params.skip_special_tokens, params.stop,
-                    params.include_stop_str_in_output, params.min_tokens)
+                    params.include_stop_str_in_output, params.min_tokens, token_ids)
             if params.logprobs is not None:
                 request.logprobs, request.cumulative_logprob = [], 0.0
             self.requests[request.request_id] = request

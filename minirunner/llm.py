@@ -1,27 +1,42 @@
 """LLM: the offline API, mirroring vLLM's ``LLM(model=...).generate(prompts, sampling_params)``.
 
 Owns turning user arguments into an EngineConfig, submitting a batch, driving the engine until it is
-done, and streaming. A bad prompt in a batch gets an error output (finish_reason "error") with the
-reason, and a warning; every other prompt is still served.
+done, streaming, chat, and the profiler around the steps. Every prompt of a call is validated before
+any is run (minirunner/input_processor.py): a bad one raises ValueError naming its index, and nothing
+was started, so nothing is lost. vLLM arguments that are not ours are checked in minirunner/llm_args.py.
 """
 
 from __future__ import annotations
 
-import warnings
+import os
+import random
+import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from minirunner.assets import default_model_dir
 from minirunner.config import EngineConfig, ModelConfig, parse_dtype
 from minirunner.engine import LLMEngine
-from minirunner.outputs import CompletionOutput, RequestOutput, StreamChunk
+from minirunner.generation_config import sampling_defaults
+from minirunner.input_processor import split_prompts, validate_batch
+from minirunner.llm_args import (
+    check_named_vllm_args,
+    check_vllm_kwargs,
+    resolve_generation_config,
+    resolve_seed,
+)
+from minirunner.outputs import RequestOutput, StreamChunk
 from minirunner.sampling_params import SamplingParams
+from minirunner.tokenizer import render_chat
 
-Prompt = str | list[int]
+# A prompt: text, token ids, or vLLM's TextPrompt {"prompt": str} / TokensPrompt {"prompt_token_ids": [...]}
+Prompt = str | list[int] | dict
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:
@@ -51,17 +66,30 @@ class LLM:
                  gpu_memory_utilization: float = 0.9, enable_prefix_caching: bool = False,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: int | None = None, attention_backend: str = "auto",
-                 seed: int = 0, kv_layout: str = "paged", trace_block_tables: bool = False,
+                 seed: int | None = 0, kv_layout: str = "paged", trace_block_tables: bool = False,
                  num_threads: int | str | None = "auto", graph_mode: str = "auto",
                  enforce_eager: bool = False, cudagraph_capture_sizes: list[int] | None = None,
-                 speculative_config: dict | None = None, async_scheduling: bool = False):
+                 speculative_config: dict | None = None, async_scheduling: bool = False, *,
+                 tokenizer: str | Path | None = None, tokenizer_mode: str = "auto",
+                 trust_remote_code: bool = False, tensor_parallel_size: int = 1,
+                 max_logprobs: int = 20, generation_config: str = "auto",
+                 kv_cache_dtype: str = "auto", enable_chunked_prefill: bool | None = None,
+                 disable_log_stats: bool = True, swap_space: float | None = None, **kwargs):
         """``graph_mode``: "auto" (cuda on a CUDA device, none on a CPU), "none" (eager), "cuda" (a CUDA
         graph per decode bucket), "compile" (torch.compile per bucket: the CPU analogue).
         ``enforce_eager=True`` is vLLM's name for graph_mode="none". ``cudagraph_capture_sizes``: the
         bucket ladder (default [1, 2, 4, 8] then multiples of 8 up to max_num_seqs).
         ``async_scheduling=True`` (with a draft-model ``speculative_config`` and graphs): a steady batch's
         next speculative step is launched before the host reads this one's accepted tokens
-        (minirunner/spec/async_loop.py); the tokens are those of the synchronous engine."""
+        (minirunner/spec/async_loop.py); the tokens are those of the synchronous engine.
+        The keyword-only arguments are vLLM's, with vLLM's meaning (README: the LLM(...) table);
+        ``generation_config``: "auto" takes default sampling parameters from the model's
+        generation_config.json, "vllm" ignores it. Other vLLM arguments go to llm_args.py."""
+        check_vllm_kwargs(kwargs)
+        check_named_vllm_args(trust_remote_code, tensor_parallel_size, kv_cache_dtype,
+                              enable_chunked_prefill, swap_space, disable_log_stats)
+        if isinstance(max_logprobs, bool) or not isinstance(max_logprobs, int) or max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be an integer >= 0, got {max_logprobs!r}")
         if model is None:
             model = default_model_dir()
             if not (Path(model) / "config.json").is_file():
@@ -74,6 +102,10 @@ class LLM:
                                  "asks for graphs: pass one of them")
             graph_mode = "none"
         model_config = ModelConfig.from_dir(model)
+        engine_seed = resolve_seed(seed)
+        if seed is not None:  # as vLLM: the seed also fixes the caller's Python and NumPy random state
+            random.seed(engine_seed)
+            np.random.seed(engine_seed % 2**32)
         config = EngineConfig(
             model=str(model), dtype=_resolve_dtype(dtype, device, model_config.config_dtype),
             device=device, block_size=block_size, num_kv_blocks=num_kv_blocks,
@@ -81,47 +113,81 @@ class LLM:
             gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-            attention_backend=attention_backend, seed=seed, kv_layout=kv_layout,
+            attention_backend=attention_backend, seed=engine_seed, kv_layout=kv_layout,
             trace_block_tables=trace_block_tables, num_threads=num_threads, graph_mode=graph_mode,
             cudagraph_capture_sizes=cudagraph_capture_sizes,
-            speculative_config=speculative_config, async_scheduling=async_scheduling)
+            speculative_config=speculative_config, async_scheduling=async_scheduling,
+            tokenizer=None if tokenizer is None else str(tokenizer), tokenizer_mode=tokenizer_mode,
+            max_logprobs=max_logprobs)
+        generation_dir = resolve_generation_config(generation_config, str(model))
+        self._default_sampling = {} if generation_dir is None else sampling_defaults(generation_dir)
         self.engine = LLMEngine(config, model_config)
+        self._profiler: torch.profiler.profile | None = None
+        self._profile_dir: Path | None = None
+
+    @property
+    def llm_engine(self) -> LLMEngine:
+        """vLLM's name for the engine this LLM drives."""
+        return self.engine
 
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json defaults (temperature, top_p, top_k,
+        min_p, repetition_penalty, max_new_tokens as max_tokens), as vLLM's; SamplingParams() when it
+        sets none or LLM(generation_config="vllm")."""
+        return SamplingParams(**self._default_sampling)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block that no request holds (blocks in use keep theirs)."""
+        self.engine.block_pool.reset_prefix_cache()
+        return True
+
     # -- batch generation -----------------------------------------------------------------------
-    def _submit(self, prompts, sampling_params) -> list[str | RequestOutput]:
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
-                                        and isinstance(prompts[0], int)):
-            prompts = [prompts]
+    def _submit(self, prompts, sampling_params) -> list[str]:
+        """Validate every prompt, then queue them all; returns their request ids in prompt order."""
+        prompts = split_prompts(prompts)
+        if not prompts:
+            raise ValueError("prompts is empty: give at least one prompt")
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, Sequence):
             if len(sampling_params) != len(prompts):
                 raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} "
-                                 "prompts")
+                                 "prompts: pass one SamplingParams, or one per prompt")
             params_list = list(sampling_params)
         else:
-            params_list = [sampling_params or SamplingParams()] * len(prompts)
-        submitted: list[str | RequestOutput] = []
-        for i, (prompt, params) in enumerate(zip(prompts, params_list, strict=True)):
-            try:
-                submitted.append(self.engine.add_request(prompt, params))
-            except ValueError as e:
-                warnings.warn(f"prompt {i} was refused: {e}", stacklevel=3)
-                submitted.append(_error_output(prompt, str(e)))
-        return submitted
+            params_list = [sampling_params] * len(prompts)
+        processed = validate_batch(self.engine.process_input, prompts, params_list)
+        ids: list[str] = []
+        try:
+            for p in processed:
+                ids.append(self.engine.add_request(p))
+        except BaseException:
+            self.engine.abort_all(ids)
+            raise
+        return ids
+
+    def _step(self):
+        if self._profiler is None:
+            return self.engine.step()
+        with torch.profiler.record_function("LLMEngine.step"):
+            return self.engine.step()
 
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for every prompt (a string or a list of token ids); outputs in prompt order."""
-        submitted = self._submit(prompts, sampling_params)
-        ids = [s for s in submitted if isinstance(s, str)]
+        """Generate for every prompt; outputs in prompt order. A prompt is a string, a list of token
+        ids, or vLLM's {"prompt": str} / {"prompt_token_ids": [...]}. ``sampling_params`` None: the
+        model's defaults (get_default_sampling_params). Raises ValueError, running nothing, when any
+        prompt is refused."""
+        ids = self._submit(prompts, sampling_params)
         bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
         done: set[str] = set()
         try:
             while self.engine.has_unfinished_requests():
-                for request, _ in self.engine.step():
+                for request, _ in self._step():
                     gid = request.group_id
                     if gid not in done and self.engine.group_finished(gid):
                         done.add(gid)
@@ -131,7 +197,7 @@ class LLM:
             raise
         finally:
             bar.close()
-        return [self.engine.pop_finished(s) if isinstance(s, str) else s for s in submitted]
+        return [self.engine.pop_finished(i) for i in ids]
 
     def stream(self, prompts: Prompt | list[Prompt],
                sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -140,16 +206,12 @@ class LLM:
         completion per step). Text is held back while it may still become a stop string or is an
         incomplete character, so a completion's chunks concatenate to exactly its final text. A
         completion's last chunk has ``finished=True``; the chunk that finishes a prompt's last
-        completion carries the RequestOutput."""
-        submitted = self._submit(prompts, sampling_params)
-        index = {s: i for i, s in enumerate(submitted) if isinstance(s, str)}
-        for i, s in enumerate(submitted):
-            if not isinstance(s, str):
-                yield StreamChunk(s.request_id, i, [], "", True, "error", s)
+        completion carries the RequestOutput. Prompts are validated as in ``generate``."""
+        index = {s: i for i, s in enumerate(self._submit(prompts, sampling_params))}
         engine = self.engine
         try:
             while engine.has_unfinished_requests():
-                produced = engine.step()
+                produced = self._step()
                 last = {request.group_id: i for i, (request, _) in enumerate(produced)}
                 for i, (request, new_tokens) in enumerate(produced):
                     gid = request.group_id
@@ -164,6 +226,53 @@ class LLM:
             if left:
                 self.engine.abort_all(left)
 
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True, chat_template: str | None = None,
+             add_generation_prompt: bool = True,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """vLLM's LLM.chat: render each conversation with the tokenizer's chat template (the assistant's
+        turn opened) and generate from it. The rendered text is tokenised without adding special
+        tokens (the template writes them). A tokenizer without a template raises ValueError."""
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        tok = self.get_tokenizer()
+        prompts = []
+        for conversation in conversations:
+            text = render_chat(tok, conversation, chat_template, add_generation_prompt,
+                               **(chat_template_kwargs or {}))
+            prompts.append({"prompt_token_ids": tok.encode(text, add_special_tokens=False),
+                            "prompt": text})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    # -- profiling ------------------------------------------------------------------------------
+    def start_profile(self, trace_dir: str | Path | None = None) -> None:
+        """Start torch.profiler (CPU, and CUDA on a GPU) around the engine steps that follow; each step
+        is a "LLMEngine.step" range in the trace. The trace goes to ``trace_dir``, else to
+        $VLLM_TORCH_PROFILER_DIR (vLLM's variable), else to a minirunner_profile temporary folder."""
+        if self._profiler is not None:
+            raise ValueError("a profile is already running: call stop_profile() first")
+        folder = trace_dir or os.environ.get("VLLM_TORCH_PROFILER_DIR") or \
+            Path(tempfile.gettempdir()) / "minirunner_profile"
+        self._profile_dir = Path(folder)
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.engine.config.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._profiler = torch.profiler.profile(activities=activities)
+        self._profiler.start()
+
+    def stop_profile(self) -> Path:
+        """Stop the profiler and write its Chrome / Perfetto trace (open it at ui.perfetto.dev);
+        prints and returns the file's path."""
+        if self._profiler is None:
+            raise ValueError("no profile is running: call start_profile() first")
+        profiler, self._profiler = self._profiler, None
+        profiler.stop()
+        self._profile_dir.mkdir(parents=True, exist_ok=True)
+        path = self._profile_dir / f"minirunner_trace_{os.getpid()}_{time.time_ns()}.json"
+        profiler.export_chrome_trace(str(path))
+        print(f"profiler trace written to {path} (open it at https://ui.perfetto.dev)")
+        return path
+
     # -- introspection --------------------------------------------------------------------------
     def get_step_trace(self) -> list[dict]:
         """One dict per engine step (see ``minirunner.trace.StepTrace``; the last 10,000 steps): plain
@@ -176,11 +285,3 @@ class LLM:
 
     def clear_step_trace(self) -> None:
         self.engine.trace.clear()
-
-
-def _error_output(prompt: Prompt, message: str) -> RequestOutput:
-    token_ids = prompt if isinstance(prompt, list) else []
-    return RequestOutput(
-        request_id="", prompt=prompt if isinstance(prompt, str) else None,
-        prompt_token_ids=list(token_ids), outputs=[CompletionOutput(0, "", [], "error")],
-        finished=True, error=message)

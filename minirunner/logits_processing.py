@@ -1,9 +1,11 @@
-"""Logits processors applied before the sampler: logit_bias, min_tokens, the three penalties and min_p.
+"""Logits processors applied before the sampler: allowed_token_ids, bad_words, logit_bias, min_tokens,
+the three penalties and min_p.
 
 Owns the per-request penalty state on the device (a row per live request: output-token counts and a
 prompt-token mask) and the batched ops that turn the model's fp32 logits into the logits the sampler
-draws from, in vLLM's order: logit_bias and min_tokens, then repetition / frequency / presence penalties,
-then (in the sampler's temperature scale) min_p. ``apply_logits_processors`` is pure tensor work on
+draws from, in vLLM's order: allowed_token_ids and bad_words (masks), logit_bias and min_tokens,
+then repetition / frequency / presence penalties, then (in the sampler's temperature scale)
+min_p. ``apply_logits_processors`` is pure tensor work on
 dense ``[n, vocab]`` inputs — no host sync, no data-dependent shapes — so it can sit inside a captured
 step. It never samples and never touches the KV cache.
 """
@@ -22,7 +24,8 @@ class LogitsBatch:
     """Per-step inputs of ``apply_logits_processors`` for n sampling rows (all on the logits' device).
 
     bias: fp32 [n, vocab] added to the logits (logit_bias; -inf where min_tokens holds EOS / stop ids
-    off), or None. counts: int32 [n, vocab] output-token counts and prompt_mask: bool [n, vocab]
+    off, outside allowed_token_ids, and on the last token of a bad word the output could complete), or
+    None. counts: int32 [n, vocab] output-token counts and prompt_mask: bool [n, vocab]
     prompt tokens, or None when no row has a penalty. repetition / frequency / presence: fp32 [n]
     (1, 0, 0 = off). min_p, temperature: fp32 [n] (min_p 0 = off), or None when no row uses min_p.
     """
@@ -114,10 +117,25 @@ class PenaltyState:
 
 def needs_logits_processing(request) -> bool:
     """Whether the request's next token needs this module's host-side state: logit bias, min_tokens
-    suppression still pending, repetition / presence / frequency penalties or min_p."""
+    suppression still pending, allowed_token_ids, bad words, repetition / presence / frequency
+    penalties or min_p."""
     p = request.params
-    return bool(p.logit_bias or p.has_penalties or p.min_p > 0
-                or len(request.output_token_ids) < p.min_tokens)
+    return bool(p.logit_bias or p.has_penalties or p.min_p > 0 or p.allowed_token_ids is not None
+                or p.bad_words_token_ids or len(request.output_token_ids) < p.min_tokens)
+
+
+def banned_bad_word_tokens(bad_words_token_ids: list[list[int]], output_token_ids) -> list[int]:
+    """vLLM's bad-words rule: a word's last token is banned when the output so far ends with the rest
+    of the word (a one-token word is always banned). Only output tokens count, not the prompt."""
+    banned = []
+    n = len(output_token_ids)
+    for word in bad_words_token_ids:
+        prefix = len(word) - 1
+        if prefix > n:
+            continue
+        if prefix == 0 or list(output_token_ids[n - prefix:]) == word[:prefix]:
+            banned.append(word[-1])
+    return banned
 
 
 class LogitsProcessors:
@@ -134,7 +152,8 @@ class LogitsProcessors:
         """requests: the sampling rows' Requests, in row order. None when nothing applies."""
         self._penalty_rows = self._penalty_index = None
         params = [r.params for r in requests]
-        use_bias = any(p.logit_bias for p in params)
+        use_bias = any(p.logit_bias or p.allowed_token_ids is not None or p.bad_words_token_ids
+                       for p in params)
         suppress = [i for i, r in enumerate(requests)
                     if len(r.output_token_ids) < r.params.min_tokens]
         use_pen = any(p.has_penalties for p in params)
@@ -160,9 +179,19 @@ class LogitsProcessors:
                 ids = [t for t in ids if t < self.vocab_size]
                 rows += [i] * len(ids)
                 cols += ids
+            for i, r in enumerate(requests):
+                if r.params.bad_words_token_ids:
+                    ids = banned_bad_word_tokens(r.params.bad_words_token_ids, r.output_token_ids)
+                    rows += [i] * len(ids)
+                    cols += ids
             if rows:
                 bias.index_put_((torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
                                 torch.tensor(_NEG_INF, device=dev))
+            for i, p in enumerate(params):
+                if p.allowed_token_ids is not None:  # every other token is masked off
+                    blocked = torch.ones(self.vocab_size, dtype=torch.bool, device=dev)
+                    blocked[torch.tensor(p.allowed_token_ids, device=dev)] = False
+                    bias[i].masked_fill_(blocked, _NEG_INF)
             batch.bias = bias
         if use_pen:
             index = [i for i, p in enumerate(params) if p.has_penalties]

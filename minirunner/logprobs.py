@@ -100,12 +100,14 @@ def _rows(scored: TokenLogprobs, lo: int, hi: int, k: int) -> TokenLogprobs:
 def collect_step_logprobs(requests: dict, scheduled, prompt_scores: dict, sampled: TokenLogprobs | None,
                           decode) -> None:
     """Append one step's prompt logprobs (request id -> (first position, scores)) and sampled-token
-    logprobs (one row per sampling request, in order) to the requests that asked for them."""
+    logprobs (one row per sampling request, in order) to the requests that asked for them. A request
+    with ``detokenize=False`` gets ``decoded_token`` None, as in vLLM."""
     for rid, (first, scored) in prompt_scores.items():
         request = requests[rid]
         assert first == len(request.prompt_logprobs), "prompt logprobs out of order"
         k = request.params.prompt_logprobs
-        request.prompt_logprobs += as_dicts(_rows(scored, 0, len(scored.token_ids), k), decode)
+        request.prompt_logprobs += as_dicts(_rows(scored, 0, len(scored.token_ids), k),
+                                            decode if request.params.detokenize else None)
     if sampled is None:
         return
     for i, s in enumerate(s for s in scheduled if s.samples):
@@ -113,7 +115,7 @@ def collect_step_logprobs(requests: dict, scheduled, prompt_scores: dict, sample
         if request.logprobs is None:
             continue
         row = _rows(sampled, i, i + 1, request.params.logprobs)
-        request.logprobs += as_dicts(row, decode)
+        request.logprobs += as_dicts(row, decode if request.params.detokenize else None)
         request.cumulative_logprob += row.logprobs[0]
 
 

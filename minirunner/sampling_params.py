@@ -1,17 +1,54 @@
 """SamplingParams: how one request is decoded (mirrors vLLM's offline API), validated on construction.
 
-Owns the range checks of every field (a bad value raises ValueError naming the field and the fix). Checks
-that need the model (token ids in ``logit_bias`` inside the vocabulary) happen at admission, in the engine.
+Owns the range checks of every field (a bad value raises ValueError naming the field and the fix), and
+accepting every other field of vLLM's SamplingParams at its default value (a non-default value of a field
+we do not implement raises ValueError naming it). Checks that need the model (token ids inside the
+vocabulary, ``max_logprobs``, bad words' tokens) happen at admission (minirunner/input_processor.py).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+from typing import Any
 
-# vLLM's default ``max_logprobs`` (ModelConfig): top-k lists longer than this are refused.
+# vLLM's default ``max_logprobs`` (ModelConfig): top-k lists longer than this are refused at admission
+# unless LLM(max_logprobs=...) raises it.
 MAX_LOGPROBS = 20
 # OpenAI's and vLLM's range for a logit bias value.
 MAX_LOGIT_BIAS = 100.0
+
+
+class RequestOutputKind(enum.Enum):
+    """vLLM's choice of what a streamed RequestOutput carries. Here ``generate`` always returns final
+    outputs and ``stream`` always yields deltas, whatever the request asks (as vLLM's offline
+    ``LLM.generate`` returns final outputs)."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
+# vLLM fields we accept at their default value only: name -> (default, why another value is refused).
+_DEFAULT_ONLY = {
+    "best_of": (None, "removed in vLLM V1; use n"),
+    "spaces_between_special_tokens": (True, "text is decoded with the tokenizer's own spacing"),
+    "logits_processors": (None, "per-request Python callables cannot run inside a batched, "
+                                "capturable sampling step; use logit_bias, allowed_token_ids or "
+                                "bad_words"),
+    "structured_outputs": (None, "structured (grammar-constrained) output is out of scope here"),
+    "guided_decoding": (None, "structured (grammar-constrained) output is out of scope here"),
+    "stream_interval": (None, "stream() yields every step's new text"),
+    "flat_logprobs": (False, "logprobs come as vLLM's list of {token_id: Logprob} dicts"),
+    "logprob_token_ids": (None, "use logprobs=k for the top k"),
+    "prompt_logprob_token_ids": (None, "use prompt_logprobs=k for the top k"),
+    "prompt_logprob_start": (None, "prompt logprobs cover the whole prompt"),
+    "skip_reading_prefix_cache": (None, "requests with prompt_logprobs skip the prefix cache already"),
+    "thinking_token_budget": (None, "reasoning budgets are out of scope here"),
+    "repetition_detection": (None, "use stop strings, stop_token_ids or max_tokens"),
+    "routed_experts_prompt_start": (0, "no mixture-of-experts models are served here"),
+    "trace_decode_token_ids": (None, "forced decoding is out of scope here"),
+}
 
 
 def _is_number(x) -> bool:
@@ -31,7 +68,12 @@ class SamplingParams:
     max_model_len. ``logprobs`` / ``prompt_logprobs``: how many top alternatives to return per token
     (0 = the chosen token only; None = none), from the raw model logits as vLLM does by default.
     Penalties follow vLLM: presence / frequency over output tokens (OpenAI's rule), repetition over
-    prompt and output (the CTRL rule, as transformers applies it)."""
+    prompt and output (the CTRL rule, as transformers applies it). ``seed=-1`` means unseeded, as
+    vLLM (it becomes None). ``allowed_token_ids``: only these tokens may be sampled. ``bad_words``:
+    a word (with and without a leading space, as vLLM tokenises it) may not be completed: its last
+    token is banned whenever the output ends with the rest of it. ``truncate_prompt_tokens=k``: keep
+    the prompt's last k tokens (-1: the last max_model_len - 1). The other vLLM fields are accepted at
+    their defaults (see ``_DEFAULT_ONLY``)."""
 
     n: int = 1
     temperature: float = 1.0
@@ -52,8 +94,46 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     skip_special_tokens: bool = True
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None
+    detokenize: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    extra_args: dict[str, Any] | None = None  # accepted and unused, as by vLLM's own samplers
+    skip_clone: bool = False  # no effect: the engine never changes a SamplingParams it was given
+    # vLLM fields accepted at their default only (_DEFAULT_ONLY says why another value is refused).
+    best_of: int | None = field(default=None, repr=False)
+    spaces_between_special_tokens: bool = field(default=True, repr=False)
+    logits_processors: list | None = field(default=None, repr=False)
+    structured_outputs: Any = field(default=None, repr=False)
+    guided_decoding: Any = field(default=None, repr=False)
+    stream_interval: int | None = field(default=None, repr=False)
+    flat_logprobs: bool = field(default=False, repr=False)
+    logprob_token_ids: list[int] | None = field(default=None, repr=False)
+    prompt_logprob_token_ids: list[int] | None = field(default=None, repr=False)
+    prompt_logprob_start: int | None = field(default=None, repr=False)
+    skip_reading_prefix_cache: bool | None = field(default=None, repr=False)
+    thinking_token_budget: int | None = field(default=None, repr=False)
+    repetition_detection: Any = field(default=None, repr=False)
+    routed_experts_prompt_start: int = field(default=0, repr=False)
+    trace_decode_token_ids: list[int] | None = field(default=None, repr=False)
+    # Set at admission (minirunner/input_processor.py) on the engine's own copy: each bad word's token
+    # ids, with and without a leading space.
+    bad_words_token_ids: list[list[int]] | None = field(default=None, init=False, repr=False,
+                                                         compare=False)
 
     def __post_init__(self) -> None:
+        for name, (default, why) in _DEFAULT_ONLY.items():
+            value = getattr(self, name)
+            if value != default and not (default is None and value in ([], {}, ())):
+                raise ValueError(f"{name}={value!r} is not supported here ({why}); leave it at "
+                                 f"{default!r}")
+        if self.seed == -1:
+            self.seed = None  # vLLM's convention: -1 asks for unseeded sampling
+        if self.logprobs is True:
+            self.logprobs = 1
+        if self.prompt_logprobs is True:
+            self.prompt_logprobs = 1
         if not _is_int(self.n) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1 (the number of completions), got {self.n!r}")
         if not _is_number(self.temperature) or self.temperature < 0:
@@ -92,9 +172,10 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
-                raise ValueError(f"{name} must be None or an integer in [0, {MAX_LOGPROBS}] (how many "
-                                 f"top alternatives per token), got {value!r}")
+            if value is not None and (not _is_int(value) or value < 0):
+                raise ValueError(f"{name} must be None or an integer >= 0 (how many top alternatives "
+                                 f"per token; -1, the whole vocabulary, is not supported), got "
+                                 f"{value!r}")
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise ValueError("logit_bias must be a dict {token_id: bias}")
@@ -109,6 +190,35 @@ class SamplingParams:
                                      f"{MAX_LOGIT_BIAS:g}], got {value!r} for token {token}")
                 bias[token] = float(value)
             self.logit_bias = bias
+        self._check_vllm_extras()
+
+    def _check_vllm_extras(self) -> None:
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
+            if not self.allowed_token_ids:
+                raise ValueError("allowed_token_ids is empty: give at least one token id, or None to "
+                                 "allow every token")
+            if any(not _is_int(t) or t < 0 for t in self.allowed_token_ids):
+                raise ValueError(f"allowed_token_ids must be token ids (integers >= 0), got "
+                                 f"{self.allowed_token_ids!r}")
+        if isinstance(self.bad_words, str):
+            raise ValueError("bad_words must be a list of strings, e.g. bad_words=['word']")
+        self.bad_words = list(dict.fromkeys(self.bad_words or []))
+        if any(not isinstance(w, str) or not w.strip() for w in self.bad_words):
+            raise ValueError(f"bad_words must be non-empty strings, got {self.bad_words!r}")
+        t = self.truncate_prompt_tokens
+        if t is not None and (not _is_int(t) or (t < 1 and t != -1)):
+            raise ValueError(f"truncate_prompt_tokens must be None, -1 (keep max_model_len - 1 "
+                             f"tokens) or an integer >= 1, got {t!r}")
+        if not isinstance(self.detokenize, bool):
+            raise ValueError(f"detokenize must be True or False, got {self.detokenize!r}")
+        if not self.detokenize and self.stop:
+            raise ValueError("stop strings need detokenize=True (they are matched in the text): use "
+                             "stop_token_ids, or set detokenize=True")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise ValueError(f"extra_args must be a dict or None, got {self.extra_args!r}")
 
     @property
     def greedy(self) -> bool:

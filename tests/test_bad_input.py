@@ -55,17 +55,42 @@ def test_bad_prompt_is_refused_at_admission(llm, prompt, words):
     assert not engine.has_unfinished_requests() and engine.block_pool.num_free_blocks == free
 
 
-def test_bad_request_in_a_batch_does_not_stop_the_others(llm):
+@pytest.mark.parametrize("bad, index, words", [
+    ([], 1, "empty"),
+    ([5] * 200, 2, "max_model_len"),
+    ([5] * 40, 0, "KV blocks"),
+    ([5, 96], 1, "vocabulary"),
+])
+def test_generate_refuses_a_batch_with_a_bad_prompt_before_any_work(llm, bad, index, words):
+    """As vLLM's LLM.generate: every prompt is validated first; a bad one raises naming its index,
+    nothing was queued or run (so nothing is lost), and the engine serves the next call."""
     good = [[3, 4, 5], [6, 7, 8, 9]]
     alone = [o.outputs[0].token_ids for o in llm.generate(good, GREEDY, use_tqdm=False)]
-    batch = [good[0], [], [5] * 200, good[1], [5] * 40]
-    with pytest.warns(UserWarning, match="refused"):
-        outs = llm.generate(batch, GREEDY, use_tqdm=False)
-    assert len(outs) == len(batch)
-    assert outs[0].outputs[0].token_ids == alone[0] and outs[3].outputs[0].token_ids == alone[1]
-    for i, words in ((1, "empty"), (2, "max_model_len"), (4, "KV blocks")):
-        assert outs[i].outputs[0].finish_reason == "error" and words in outs[i].error
+    batch = list(good)
+    batch.insert(index, bad)
+    steps = len(llm.engine.trace)
+    with pytest.raises(ValueError, match=rf"prompt {index}\b.*{words}"):
+        llm.generate(batch, GREEDY, use_tqdm=False)
+    assert len(llm.engine.trace) == steps, "no engine step may run for a refused batch"
+    assert not llm.engine.has_unfinished_requests() and not llm.engine.requests
     assert llm.engine.block_pool.num_free_blocks == llm.engine.block_pool.num_blocks
+    assert [o.outputs[0].token_ids for o in llm.generate(good, GREEDY, use_tqdm=False)] == alone
+
+
+def test_engine_level_refusal_leaves_the_other_requests_served(llm):
+    """add_request raises for the bad request only; the requests already queued finish unchanged."""
+    good = [[3, 4, 5], [6, 7, 8, 9]]
+    alone = [o.outputs[0].token_ids for o in llm.generate(good, GREEDY, use_tqdm=False)]
+    engine = llm.engine
+    ids = [engine.add_request(good[0], GREEDY)]
+    for bad, words in (([], "empty"), ([5] * 200, "max_model_len"), ([5] * 40, "KV blocks")):
+        with pytest.raises(ValueError, match=words):
+            engine.add_request(bad, GREEDY)
+    ids.append(engine.add_request(good[1], GREEDY))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert [engine.pop_finished(i).outputs[0].token_ids for i in ids] == alone
+    assert engine.block_pool.num_free_blocks == engine.block_pool.num_blocks
 
 
 def test_missing_config(tmp_path):

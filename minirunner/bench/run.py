@@ -76,11 +76,10 @@ def run_minirunner(llm: LLM, workload: Workload, label: str = "minirunner",
     if spec is not None:
         spec.reset_stats()  # metrics of this run only
     start = time.perf_counter()
+    # A request the engine refuses (too long for max_model_len or the KV pool) raises ValueError
+    # naming it before anything runs.
     outs = llm.generate(workload.prompts, params, use_tqdm=use_tqdm)
     seconds = time.perf_counter() - start
-    errors = [o.error for o in outs if o.error]
-    if errors:
-        raise ValueError(f"{len(errors)} benchmark requests were refused, e.g.: {errors[0]}")
     trace = llm.get_step_trace()
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     ttft = [o.metrics.time_to_first_token for o in outs]
@@ -156,12 +155,18 @@ def run_transformers(model_dir: str, workload: Workload, batch_size: int, dtype:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    # Greedy with nothing else: the checkpoint's own generation config (max_length, sampling
+    # defaults) would only make generate warn on every batch that max_new_tokens overrides it.
+    model.generation_config = _greedy_config(model.generation_config)
     assist: dict = {}
     if assistant_dir is not None:
         assist["assistant_model"] = AutoModelForCausalLM.from_pretrained(
             assistant_dir, dtype=dtype).to(device).eval()
     if prompt_lookup_num_tokens is not None:
         assist["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
+    if "assistant_model" in assist:
+        assist["assistant_model"].generation_config = _greedy_config(
+            assist["assistant_model"].generation_config)
     if assist and batch_size != 1:
         raise ValueError("transformers' assisted generation runs one request at a time: batch size 1")
     pad = 0
@@ -202,3 +207,11 @@ def run_transformers(model_dir: str, workload: Workload, batch_size: int, dtype:
                       threads=torch.get_num_threads(), assistant=assistant_dir,
                       prompt_lookup_num_tokens=prompt_lookup_num_tokens),
     )
+
+
+def _greedy_config(config):
+    """A GenerationConfig with only the checkpoint's special token ids (greedy, no length limit)."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                            pad_token_id=config.pad_token_id, do_sample=False)
