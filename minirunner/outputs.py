@@ -39,7 +39,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None  # "stop" | "length" | "abort" | "error" | None while running
+    finish_reason: str | None  # "stop" | "length" | "abort" | None while running
     stop_reason: str | int | None = None
     logprobs: SampleLogprobs | None = None
     cumulative_logprob: float | None = None
@@ -53,7 +53,6 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = None
-    error: str | None = None  # set when the request was refused (finish_reason "error")
     prompt_logprobs: PromptLogprobs | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
 
