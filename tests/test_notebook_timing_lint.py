@@ -3,10 +3,11 @@ fails on a student's busy laptop. Measured times are shown with their spread, un
 
 A static check over each notebook's code cells, in order (a value computed in one cell and asserted in a
 later one is caught): a name is *timed* when it is assigned from an expression that calls a clock
-(``time.perf_counter``, ``time.time``, ``thread_time``, ``process_time``, ``monotonic``, CUDA events'
-``elapsed_time``, ``timeit``), a benchmark helper (``measure_*``, ``replay_times``, ``calibrate_*``,
-``run_bench``, ``bench*``), a function the notebook defines that does either, or reads a timed name or a
-timing field (``duration_s``, ``time_to_first_token``, ...). An ``assert`` that reads a timed name fails.
+(``time.perf_counter``, ``time.time``, ``thread_time``, ``process_time``, ``monotonic``, CUDA
+events' ``elapsed_time``, the ``timeit`` module), a benchmark helper (``measure_*``, ``replay_times``,
+``calibrate_*``, ``run_bench``, ``bench*``), a function the notebook defines that does either, or reads a
+timed name or a timing field (``duration_s``, ``time_to_first_token``, ...). An ``assert`` that reads a
+timed name fails.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 CLOCKS = re.compile(r"^(perf_counter(_ns)?|time(_ns)?|thread_time(_ns)?|process_time(_ns)?|monotonic(_ns)?"
-                    r"|elapsed_time|timeit|repeat)$")
+                    r"|elapsed_time|timeit)$")
 BENCH_HELPERS = re.compile(r"^(measure_\w*|replay_times|calibrate_\w*|run_bench|bench\w*|timed\w*)$")
 TIMING_FIELDS = re.compile(r"^(duration_s|propose_s|verify_s|time_to_first_token|elapsed\w*|latency\w*"
                            r"|\w*_seconds|\w*_ms|tokens_per_s\w*)$")
@@ -41,6 +42,9 @@ def _reads_time(node: ast.AST, timed: set[str]) -> bool:
         if isinstance(sub, ast.Name) and sub.id in timed and sub.id not in local:
             return True
         if isinstance(sub, ast.Call):
+            if isinstance(sub.func, ast.Attribute) and isinstance(sub.func.value, ast.Name) \
+                    and sub.func.value.id == "timeit":
+                return True  # timeit.timeit / timeit.repeat
             name = _called_name(sub)
             if name and (CLOCKS.match(name) or BENCH_HELPERS.match(name) or name in timed):
                 return True
@@ -172,9 +176,11 @@ def test_no_cell_asserts_a_measured_time(path):
      "times = []\nfor _ in range(5):\n    times.append(step_ms(llm))", "assert min(times) > 0.1"],
     ["res = measure_decode_steps([llm], (1, 8))", "speedup = res[1] / res[8]", "assert speedup > 2"],
     ["r = %timeit -o f()", "assert r.best < 1e-3"],
+    ["import timeit\nbest = min(timeit.repeat(f, number=10))", "assert best < 1e-3"],
     ["trace = llm.get_step_trace()", "assert trace[0]['duration_s'] < 0.5"],
     ["outs = llm.generate(p)", "assert outs[0].metrics.time_to_first_token < 1"],
 ], ids=["perf_counter", "helper_in_earlier_cell", "appended_in_loop", "bench_helper", "timeit_magic",
+        "timeit_repeat",
         "trace_field", "metrics_field"])
 def test_the_lint_catches_a_timing_assertion(cells):
     assert timing_assertions(cells), "a timing assertion went unnoticed"
@@ -184,5 +190,6 @@ def test_the_lint_passes_deterministic_assertions():
     cells = ["import time\nt0 = time.perf_counter()\ncount = record_decode_step(llm).total",
              "print(f'{time.perf_counter() - t0:.3f} s')",
              "assert count == 204\nassert flops(8) == 8 * flops(1)",
+             "drafts = d_logits.argmax().repeat(4)\nassert drafts.numel() == 4",
              "%matplotlib inline\n!ls"]
     assert timing_assertions(cells) == []
