@@ -149,9 +149,12 @@ def test_the_default_cpu_budget_holds_max_num_seqs_full_length_requests(dirs):
     assert two.engine.num_kv_blocks == 2 * llm.engine.num_kv_blocks
 
 
-def test_n_larger_than_max_num_seqs_is_served_in_turns(dirs):
-    """Case 5: n=3 completions with two seats: each completion equals the lone request with its seed."""
-    llm = _llm(dirs, block_size=4, max_num_seqs=2)
+@pytest.mark.parametrize("caching", [False, True])
+def test_n_larger_than_max_num_seqs_is_served_in_turns(dirs, caching):
+    """Case 5: n=3 completions with two seats: each completion equals the lone request with its seed.
+    The third waits with the prompt's last block, which completion 0 fills (and, with prefix caching,
+    caches) and lets go of before the third writes it."""
+    llm = _llm(dirs, block_size=4, max_num_seqs=2, enable_prefix_caching=caching)
     params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12, ignore_eos=True)
     rid = llm.engine.add_request(P9, params)
     peak = 0
@@ -160,6 +163,7 @@ def test_n_larger_than_max_num_seqs_is_served_in_turns(dirs):
             llm.engine.step()
             peak = max(peak, len(llm.engine.scheduler.running))
     out = llm.engine.pop_finished(rid)
+    llm.engine.kv.check_invariants()
     assert peak <= 2
     assert [c.index for c in out.outputs] == [0, 1, 2]
     for i, c in enumerate(out.outputs):
