@@ -131,8 +131,9 @@ class LLMEngine:
             source = (f"gpu_memory_utilization={cfg.gpu_memory_utilization} of total GPU memory "
                       "minus the profiled peak")
         else:
+            # max_num_seqs full-length requests, plus the null block (paid for below)
             per_seq = -(-cfg.max_model_len // cfg.block_size) * block_bytes
-            budget = min(_DEFAULT_CPU_KV_BYTES, per_seq * cfg.max_num_seqs)
+            budget = min(_DEFAULT_CPU_KV_BYTES, per_seq * cfg.max_num_seqs + block_bytes)
             source = "the default CPU budget"
         # The KV tensors hold one more block than the pool hands out (the runner's null block, where
         # padding rows write), so the budget pays for it too.
@@ -206,9 +207,6 @@ class LLMEngine:
         if params.n > 1 and self.config.kv_layout != "paged":
             raise ValueError(f"n={params.n} completions share the prompt's KV blocks, which a contiguous "
                              "reservation cannot: use kv_layout='paged', or n=1")
-        if params.n > self.config.max_num_seqs:
-            raise ValueError(f"n={params.n} completions cannot run together with max_num_seqs="
-                             f"{self.config.max_num_seqs}: lower n or raise max_num_seqs")
 
     def abort_request(self, request_id: str) -> None:
         """Abort a request (every completion of a group id, or one completion by its own id): only
@@ -265,7 +263,8 @@ class LLMEngine:
         if self.spec is not None:
             # A finished request's draft KV went back in _free; any other non-live state goes here.
             self.spec.propose(self.scheduler.running,
-                              {rid for rid, r in self.requests.items() if not r.is_finished})
+                              {rid for rid, r in self.requests.items() if not r.is_finished},
+                              self.scheduler.may_join())
         sched = self.scheduler.schedule()
         for request_id in sched.preempted:
             self.runner.free_request(request_id)

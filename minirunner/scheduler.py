@@ -5,10 +5,17 @@ Owns which requests run each step and how many of their tokens, under a per-step
 unfinished prefill chunks); when the pool runs dry the newest running request is preempted (its blocks
 freed, its tokens recomputed later); waiting requests are admitted FCFS while budget and blocks last.
 It never runs the model.
+
+Liveness: every step with work schedules tokens or preempts, else it raises. The only waiting requests
+that hold blocks are forked n > 1 completions not run yet (they share the prompt's blocks); they cannot
+be preempted, so when blocks run short they let go of those references first (newest in the queue
+first) and recompute their prompt later (prefix-cache hits where the pool kept it). Dropping a reference
+is always safe (blocks are ref-counted), and it costs less than preempting a running request.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -64,6 +71,8 @@ class Scheduler:
             num_known = request.num_tokens - request.num_computed_tokens
             num_new = min(num_known + len(request.spec_token_ids), budget)
             while not self.kv.allocate(request, num_new):
+                if self._release_waiting_blocks():
+                    continue
                 victim = self.running.pop()
                 self._preempt(victim)
                 out.preempted.append(victim.request_id)
@@ -91,6 +100,10 @@ class Scheduler:
             # Admit only while every running request could still grow by one block: admitting into
             # the last free blocks just forces a preemption (and a recompute) a few steps later.
             if not self.kv.allocate(request, num_new, cached, headroom=len(self.running)):
+                # Running requests free blocks as they finish; with none left, only the waiting
+                # completions behind this one can (each request alone fits the pool: admission checks).
+                if not self.running and self._release_waiting_blocks(keep=request):
+                    continue
                 break
             self.kv.cache_full_blocks(request, request.num_computed_tokens + num_new)
             self.waiting.popleft()
@@ -98,7 +111,29 @@ class Scheduler:
             self.running.append(request)
             out.scheduled.append(ScheduledRequest(request, num_new))
             budget -= num_new
+        if not out.scheduled and not out.preempted and self.has_unfinished():
+            head = self.waiting[0]
+            raise RuntimeError(
+                f"the scheduler cannot make progress: request {head.request_id} ({head.num_tokens} "
+                f"tokens) cannot be admitted with {len(self.running)} running, {len(self.waiting)} "
+                f"waiting and {self.kv.pool.num_free_blocks} of {self.kv.pool.num_blocks} KV blocks "
+                "free; this is a bug: please report it with the engine's configuration")
         return out
+
+    def may_join(self) -> list[Request]:
+        """The waiting requests the next schedule() could admit (FCFS, one per free seat)."""
+        seats = max(0, self.max_num_seqs - len(self.running))
+        return list(itertools.islice(self.waiting, seats))
+
+    def _release_waiting_blocks(self, keep: Request | None = None) -> bool:
+        """Drop the block references of the waiting request nearest the back of the queue that holds
+        any (a forked completion not run yet), except ``keep``. Returns False if none holds blocks."""
+        for request in reversed(self.waiting):
+            if request is not keep and request.request_id in self.kv.tables:
+                self.kv.free(request)
+                request.num_computed_tokens = 0
+                return True
+        return False
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)

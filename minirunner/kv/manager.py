@@ -65,13 +65,15 @@ class KVCacheManager:
         copies = len(self._shared_in_range(table, start, total))
         return fresh + revived + copies + headroom <= self.pool.num_free_blocks
 
+    def _written(self, table: BlockTable, start: int, end: int) -> range:
+        """Indices of the table blocks that tokens [start, end) write into."""
+        if end <= start:
+            return range(0)
+        return range(start // self.block_size, min((end - 1) // self.block_size, len(table) - 1) + 1)
+
     def _shared_in_range(self, table: BlockTable, start: int, end: int) -> list[int]:
         """Indices of table blocks that tokens [start, end) write into and another table holds."""
-        if end <= start:
-            return []
-        last = min((end - 1) // self.block_size, len(table) - 1)
-        return [i for i in range(start // self.block_size, last + 1)
-                if self.pool.ref_counts[table.blocks[i]] > 1]
+        return [i for i in self._written(table, start, end) if self.pool.ref_counts[table.blocks[i]] > 1]
 
     def allocate(self, request: Request, num_new_tokens: int,
                  cached_blocks: list[int] = (), headroom: int = 0) -> bool:
@@ -81,7 +83,9 @@ class KVCacheManager:
         if table is not None and not cached_blocks:  # the common decode step: room already there?
             total = request.num_computed_tokens + num_new_tokens
             if self.blocks_for_tokens(total) <= len(table) and headroom <= self.pool.num_free_blocks \
-                    and not self._shared_in_range(table, request.num_computed_tokens, total):
+                    and not any(self.pool.ref_counts[table.blocks[i]] > 1
+                                or self.pool.block_hash[table.blocks[i]] is not None
+                                for i in self._written(table, request.num_computed_tokens, total)):
                 return True
         if not self.can_allocate(request, num_new_tokens, cached_blocks, headroom):
             return False
@@ -106,21 +110,30 @@ class KVCacheManager:
             table.replace(i, dst)
             del hashes[i:]  # a written block is no longer the cached one (only partial blocks are)
             self.pending_copies.append((src, dst))
+        # A request never rewrites its own cached blocks, but a forked completion can reach one it
+        # alone holds now: the prompt's last block, which its parent filled, cached and let go of after
+        # the fork. Its cache key no longer describes what it will hold: forget it.
+        for i in self._written(table, start, total):
+            if self.pool.block_hash[table.blocks[i]] is not None:
+                self.pool.uncache(table.blocks[i])
+                del hashes[i:]
         table.blocks.extend(self.pool.allocate(table.blocks_needed(total)))
         return True
 
     def fork(self, parent: Request, child: Request) -> None:
-        """Give ``child`` a table holding every block of ``parent`` (one more reference each): the
-        child shares the parent's prompt K/V and copies a shared block on its first write into it."""
+        """Give ``child`` a table holding the blocks of ``parent``'s prompt (one more reference each):
+        the child shares the prompt's K/V and copies a shared block on its first write into it. Blocks
+        past the prompt (the parent's drafts and output) are not shared: the child never reads them."""
         if child.request_id in self.tables:
             raise RuntimeError(f"request {child.request_id} already holds blocks")
-        blocks = list(self.tables[parent.request_id].blocks)
+        prompt_blocks = self.blocks_for_tokens(len(parent.prompt_token_ids))
+        blocks = list(self.tables[parent.request_id].blocks[:prompt_blocks])
         for block in blocks:
             self.pool.share(block)
         table = BlockTable(self.block_size)
         table.blocks = blocks
         self.tables[child.request_id] = table
-        self._hashes[child.request_id] = list(self._hashes.get(parent.request_id, []))
+        self._hashes[child.request_id] = list(self._hashes.get(parent.request_id, [])[:prompt_blocks])
 
     def take_copies(self) -> list[tuple[int, int]]:
         """The (src, dst) block copies owed before the next step; clears the list."""

@@ -1,8 +1,8 @@
 """Speculator: the engine's side of speculative decoding — drafts before a step, bookkeeping after it.
 
-Owns choosing k for each step (fixed, by batch-size table, or acceptance-driven; 0 while a request needs
-the host-side logits processors or logprobs), asking the proposer for drafts of every decode-ready running
-request (fewer near max_tokens / max_model_len), handing the
+Owns choosing k for each step (fixed, by batch-size table, or acceptance-driven; 0 while a request that
+runs or may join the step needs the host-side logits processors or logprobs), asking the proposer for
+drafts of every decode-ready running request (fewer near max_tokens / max_model_len), handing the
 draft probabilities to the verify step, and the metrics (per request, engine-wide, per step). Never
 runs the target model, never appends tokens and never touches the target's KV cache (the engine rolls
 back num_computed_tokens; the draft proposer rolls back its own cache).
@@ -48,8 +48,9 @@ class Speculator:
             return self.dynamic.choose(self.stats)
         return self.config.k_for_batch_size(batch_size)
 
-    def propose(self, running: list[Request], live_ids: set[str]) -> None:
-        """Set ``spec_token_ids`` on every running request (empty unless it is decode-ready)."""
+    def propose(self, running: list[Request], live_ids: set[str], joining: list[Request] = ()) -> None:
+        """Set ``spec_token_ids`` on every running request (empty unless it is decode-ready).
+        ``joining``: the waiting requests the coming step may admit (they sample in its verify pass)."""
         t0 = time.perf_counter()
         self.proposer.release(live_ids)
         self._probs.clear()
@@ -58,10 +59,11 @@ class Speculator:
             r.spec_token_ids = []
             if r.num_computed_tokens == r.num_tokens - 1:
                 ready.append(r)
-        # The rejection sampler knows temperature, top-k and top-p only: while any request needs the
-        # host-side logits processors (bias, pending min_tokens, penalties, min_p) or sampled logprobs,
-        # the step runs without drafts (the plain sampler applies them to every row).
-        if any(needs_logits_processing(r) or r.params.logprobs is not None for r in running):
+        # The rejection sampler knows temperature, top-k and top-p only: while any request of the step
+        # needs the host-side logits processors (bias, pending min_tokens, penalties, min_p) or sampled
+        # logprobs, the step runs without drafts (the plain sampler applies them to every row). That
+        # includes a request admitted into the step: it samples its first token in the same pass.
+        if any(needs_plain_sampling(r) for r in running) or any(needs_plain_sampling(r) for r in joining):
             ready = []
         k = self.choose_k(len(running)) if ready else 0
         self.last_k = k
@@ -114,3 +116,8 @@ class Speculator:
             if self.dynamic is not None:
                 self.dynamic.observe(propose_s, max(k for k, _ in per_step.values()), verify_s)
         return per_step
+
+
+def needs_plain_sampling(request: Request) -> bool:
+    """Does the request need what only the plain sampler does (logits processors, sampled logprobs)?"""
+    return needs_logits_processing(request) or request.params.logprobs is not None
