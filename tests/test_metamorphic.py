@@ -6,8 +6,8 @@ layout, speculation, compiled graph steps). Token ids, finish reasons and logpro
 generate that does not return within a generous deadline (a livelock) fails.
 
 The CI slice runs a few workloads per configuration; the long mode (marked ``slow``, skipped unless
-asked for) runs N per configuration: ``MINIRUNNER_METAMORPHIC_SEEDS=N python -m pytest -p no:nbval
--o addopts="" -m slow tests/test_metamorphic.py``.
+``--run-slow``) runs 200 per configuration, or N with ``MINIRUNNER_METAMORPHIC_SEEDS=N``:
+``python -m pytest -p no:nbval -o addopts="" --run-slow -m slow tests/test_metamorphic.py``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ VARIANTS = {
 }
 SLOW_ONLY = {"compiled_graphs"}  # torch.compile takes seconds per bucket on a CPU
 CI_SEEDS = 2
-LONG_SEEDS = int(os.environ.get("MINIRUNNER_METAMORPHIC_SEEDS", "0"))
+LONG_SEEDS = int(os.environ.get("MINIRUNNER_METAMORPHIC_SEEDS", "200"))
 
 
 def workload(seed: int) -> list[tuple[list[int], SamplingParams]]:
@@ -161,7 +161,6 @@ def test_configurations_agree_on_seeded_workloads(engines, name):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(LONG_SEEDS == 0, reason="the long mode: set MINIRUNNER_METAMORPHIC_SEEDS=<count>")
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_configurations_agree_on_many_seeded_workloads(engines, name):
     for seed in range(LONG_SEEDS):
