@@ -1,25 +1,12 @@
-"""vLLM's examples/offline_inference/basic/basic.py, run on minirunner: only the import and the model
-changed (LLM() serves the embedded Shakespeare model; vLLM's example names a hub model)."""
+"""The smallest offline run, written after vLLM's examples/offline_inference/basic/basic.py with the same
+calls a vLLM user makes: LLM(), SamplingParams(temperature, top_p), generate, then each output's prompt
+and first completion. LLM() serves the embedded Shakespeare model."""
 
 from minirunner import LLM, SamplingParams
 
-# Sample prompts.
-prompts = [
-    "Hello, my name is",
-    "The president of the United States is",
-    "The capital of France is",
-    "The future of AI is",
-]
-# Create a sampling params object.
-sampling_params = SamplingParams(temperature=0.8, top_p=0.95)
+openings = ["ROMEO.", "JULIET.", "Enter HAMLET", "To be, or not to be"]
+params = SamplingParams(temperature=0.8, top_p=0.95)
 
-# Create an LLM.
 llm = LLM()
-# Generate texts from the prompts. The output is a list of RequestOutput objects
-# that contain the prompt, generated text, and other information.
-outputs = llm.generate(prompts, sampling_params)
-# Print the outputs.
-for output in outputs:
-    prompt = output.prompt
-    generated_text = output.outputs[0].text
-    print(f"Prompt: {prompt!r}, Generated text: {generated_text!r}")
+for result in llm.generate(openings, params):
+    print(f"Prompt: {result.prompt!r}, Generated text: {result.outputs[0].text!r}")

@@ -13,13 +13,8 @@ def main(args: argparse.Namespace) -> None:
     for name in ("max_tokens", "temperature", "top_p", "top_k"):
         if getattr(args, name) is not None:
             setattr(sampling_params, name, getattr(args, name))
-    prompts = [
-        "Hello, my name is",
-        "The president of the United States is",
-        "The capital of France is",
-        "The future of AI is",
-    ]
-    for output in llm.generate(prompts, sampling_params):
+    openings = ["ROMEO.", "JULIET.", "Enter HAMLET", "To be, or not to be"]
+    for output in llm.generate(openings, sampling_params):
         print(f"Prompt: {output.prompt!r}, Generated text: {output.outputs[0].text!r}")
 
 

@@ -1,6 +1,5 @@
-"""vLLM's offline-inference examples, adapted in examples/ (only the import and the model changed, or
-rewritten in our words where vLLM's script needs vLLM-only helpers), run as a user runs them: each as
-__main__ in one fresh interpreter, on the embedded model, printing what vLLM's prints."""
+"""The examples in examples/ (written after vLLM's offline-inference examples, with the same calls a vLLM
+user makes), run as a user runs them: each as __main__ in one fresh interpreter, on the embedded model."""
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ SCRIPTS = ["basic.py", "generate_defaults.py", "prefix_caching.py", "reproducibi
            "reproducibility.py", "simple_profiling.py"]
 
 
-def test_vllm_examples_run_unchanged_but_for_the_import(tmp_path):
+def test_the_vllm_style_examples_run_and_show_what_they_claim(tmp_path):
     proc = subprocess.run([sys.executable, "-c", RUNNER, *[str(EXAMPLES / s) for s in SCRIPTS]],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
