@@ -8,6 +8,13 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+# Property tests must not fail because the machine is busy: no per-example deadline, and no health check
+# on how long data generation takes (both are timings). Per-test settings inherit these.
+settings.register_profile("minirunner", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.load_profile("minirunner")
 
 
 def pytest_addoption(parser):
