@@ -224,18 +224,37 @@ def test_close_leaves_no_process():
     assert not [p for p in multiprocessing.active_children() if p.pid in pids]
 
 
-def test_workers_exit_when_the_driver_dies(tmp_path):
+def test_ctrl_c_and_driver_death_leave_no_worker():
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) mid-call: the workers ignore
+    it, the driver raises KeyboardInterrupt and closes them. Then a second group's driver is killed:
+    its worker notices and exits."""
     tests = os.path.dirname(os.path.abspath(__file__))
     driver = ("import os, signal\n"
               "from minirunner.distributed import WorkerGroup\n"
               "from tp_helpers import Collectives\n"
               "group = WorkerGroup(2, 'cpu', Collectives)\n"
-              "print(group.call('ping'), *group.pids(), flush=True)\n"
+              "print('spinning', *group.pids(), flush=True)\n"
+              "try:\n"
+              "    group.call('spin', 10**9)\n"
+              "except KeyboardInterrupt:\n"
+              "    print('interrupted', flush=True)\n"
+              "group = WorkerGroup(2, 'cpu', Collectives)\n"
+              "print('second', group.call('ping')[0], *group.pids(), flush=True)\n"
               "os.kill(os.getpid(), signal.SIGKILL)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(tests), tests])}
-    proc = subprocess.run([sys.executable, "-c", driver], env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
-    worker = int(proc.stdout.split()[-1])
-    assert proc.stdout.startswith("[2.0, 2.0]")
-    assert _gone([worker], within_s=5.0)
+    proc = subprocess.Popen([sys.executable, "-c", driver], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        first = proc.stdout.readline().split()
+        assert first[0] == "spinning", proc.stderr.read()
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.stdout.readline().strip() == "interrupted"
+        assert _gone([int(first[1])], within_s=0.0)  # closed before the driver went on
+        second = proc.stdout.readline().split()
+        assert second[:2] == ["second", "2.0"], proc.stderr.read()
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+        assert _gone([int(second[2])], within_s=5.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -19,7 +19,8 @@ collective it will never join; its exit closes their sockets, so gloo raises in 
 driver raises :class:`WorkerError` carrying that traceback; after any failure the group is unusable and
 is torn down. Workers ignore SIGINT (Ctrl-C reaches the driver, which decides), watch their parent's pid
 (an orphan exits within half a second), and are daemons; ``close()`` (also the context manager's exit,
-``__del__`` and an atexit hook) asks them to stop, then terminates and finally kills any that linger.
+``__del__`` and an atexit hook) asks them to stop (after a failure: terminates them), then kills any
+that linger.
 """
 
 from __future__ import annotations
@@ -175,18 +176,22 @@ class WorkerGroup:
                                   f"{self.timeout_s} s")
 
     def close(self) -> None:
-        """Stop every worker (ask, then terminate, then kill) and leave the process group."""
+        """Stop every worker and leave the process group. After a clean run the workers are asked to
+        stop; after a failure or an interrupt (a worker may be stuck in a collective) they are
+        terminated at once; any that lingers is killed."""
         if self._closed:
             return
         self._closed = True
-        for conn in self.conns:
+        for proc, conn in zip(self.procs, self.conns, strict=True):
             try:
-                conn.send(None)
+                if self._broken:
+                    proc.terminate()
+                else:
+                    conn.send(None)
             except (OSError, ValueError):
                 pass  # that worker is gone already
-        destroy_group()  # a worker stuck in a collective with us now raises and exits
         for proc in self.procs:
-            proc.join(5.0)
+            proc.join(2.0 if self._broken else 5.0)
             if proc.is_alive():
                 proc.terminate()
                 proc.join(2.0)
@@ -195,6 +200,7 @@ class WorkerGroup:
                 proc.join()
         for conn in self.conns:
             conn.close()
+        destroy_group()
 
     def pids(self) -> list[int]:
         """The workers' process ids (rank 1 first)."""
