@@ -3,10 +3,11 @@
 N = 2 shards of tiny fp32 Llama (GQA, tied embeddings), Qwen2 (q/k/v bias), Qwen3 (q/k norm, a vocabulary
 that does not split evenly) and an MQA Llama (one KV head, replicated) run a scripted paged schedule —
 chunked prefill mixed with decode, a prefix-cache hit on shared blocks, a preemption recomputed into
-fresh blocks — and give the logits (and logprobs) of one device, today's unsharded model, within 1e-5,
-and the same greedy tokens. Head counts that do not split raise ValueError. A worker's error reaches the
-driver with its traceback; a killed worker makes the driver raise within seconds; closing leaves no
-process, and a worker whose driver dies exits.
+fresh blocks, a second completion forked with a copy-on-write block copy — and give the logits (and
+logprobs) of one device, today's unsharded model, within 1e-5, and the same greedy tokens. Head counts
+that do not split raise ValueError. A worker's error reaches the driver with its traceback; a killed
+worker makes the driver raise within seconds; closing (or Ctrl-C) leaves no process, and a worker whose
+driver dies exits.
 """
 
 from __future__ import annotations
@@ -61,6 +62,18 @@ class Schedule:
         self.tables[name] = list(self.tables[shared_from][:shared_blocks]) if shared_from else []
         self.computed[name] = shared_blocks * BLOCK  # a prefix-cache hit: those blocks hold its KV
 
+    def fork(self, name, parent):
+        """A second completion of ``parent`` (n > 1): its full blocks shared, its partial last block
+        copied (copy-on-write). Returns the (src, dst) block copies to make in every rank's cache."""
+        done = self.computed[parent]
+        self.tokens[name] = list(self.tokens[parent])
+        self.tables[name] = self.tables[parent][:done // BLOCK]
+        self.computed[name] = done
+        if done % BLOCK == 0:
+            return [], []
+        self.tables[name].append(self.free.pop(0))
+        return [self.tables[parent][done // BLOCK]], [self.tables[name][-1]]
+
     def preempt(self, name):
         """Free the blocks (recompute preemption; shared blocks stay with their owner)."""
         self.free += [b for b in self.tables[name] if all(
@@ -92,7 +105,7 @@ class Schedule:
                          np.array(lens, dtype=np.int32), table_arr, np.array(rows)), samplers
 
 
-def run_schedule(execute, vocab):
+def run_schedule(execute, copy_blocks, vocab):
     """The scripted steps; returns every step's logits and the greedy tokens each sequence emitted."""
     g = torch.Generator().manual_seed(0)
     prompt = lambda n: torch.randint(3, vocab, (n,), generator=g).tolist()  # noqa: E731
@@ -105,13 +118,17 @@ def run_schedule(execute, vocab):
              [("c", None), ("a", 1), ("b", 1)],
              "preempt b",
              [("a", 1), ("c", 1)],
-             [("b", None), ("a", 1), ("c", 1)],           # b recomputed into fresh blocks
-             [("a", 1), ("b", 1), ("c", 1)],
-             [("a", 1), ("b", 1), ("c", 1)]]
-    all_logits, out = [], {"a": [], "b": [], "c": []}
+             "fork d",                                    # d: a's second completion
+             [("b", None), ("a", 1), ("c", 1), ("d", 1)],  # b recomputed into fresh blocks
+             [("a", 1), ("b", 1), ("c", 1), ("d", 1)],
+             [("a", 1), ("b", 1), ("c", 1), ("d", 1)]]
+    all_logits, out = [], {"a": [], "b": [], "c": [], "d": []}
     for work in steps:
         if work == "c":
             s.add("c", s.tokens["a"][:8] + prompt(3), shared_from="a", shared_blocks=2)
+            continue
+        if work == "fork d":
+            copy_blocks(*s.fork("d", "a"))
             continue
         if work == "preempt b":
             s.preempt("b")
@@ -119,6 +136,9 @@ def run_schedule(execute, vocab):
         batch, samplers = s.batch(work)
         logits = execute(batch)
         all_logits.append(logits)
+        if "d" in samplers:  # the copied block holds a's KV: d scores exactly as a does
+            rows = {n: i for i, n in enumerate(samplers)}
+            torch.testing.assert_close(logits[rows["d"]], logits[rows["a"]], atol=1e-5, rtol=0)
         for name, token in zip(samplers, logits.argmax(-1).tolist(), strict=True):
             s.tokens[name].append(token)
             out[name].append(token)
@@ -145,12 +165,13 @@ def test_two_ranks_match_one_device(tmp_path, name):
         path, _ = make_tiny_model(tmp_path, name, vocab_size=vocab)
     args = (str(path), "float32", NUM_BLOCKS, BLOCK, "torch", "cpu", 1)
     one = ShardWorker(TPContext(), *args)  # today's unsharded model, in this process
-    ref_logits, ref_tokens = run_schedule(one.execute, vocab)
+    ref_logits, ref_tokens = run_schedule(one.execute, one.copy_blocks, vocab)
     with WorkerGroup(2, "cpu", ShardWorker, args) as group:
         assert group.local.kv_heads() * (1 if name == "llama_mqa" else 2) == one.kv_heads()
         size = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
         assert size(group.local.model) < 0.6 * size(one.model)  # rank 0 holds about half
-        tp_logits, tp_tokens = run_schedule(lambda b: group.call("execute", b), vocab)
+        tp_logits, tp_tokens = run_schedule(lambda b: group.call("execute", b),
+                                            lambda src, dst: group.call("copy_blocks", src, dst), vocab)
     assert tp_tokens == ref_tokens
     for tp, ref in zip(tp_logits, ref_logits, strict=True):
         assert tp.shape == ref.shape == (tp.shape[0], vocab)
