@@ -131,13 +131,20 @@ class WorkerGroup:
 
     def call(self, method: str, *args, **kwargs):
         """Run ``method(*args, **kwargs)`` on every rank's object; returns rank 0's result."""
+        return self.run_with(lambda: getattr(self.local, method)(*args, **kwargs), method,
+                             *args, **kwargs)
+
+    def run_with(self, local, method: str, *args, **kwargs):
+        """Send ``method(*args, **kwargs)`` to the workers, run ``local()`` here (the driver's own part,
+        joining the same collectives: e.g. its runner's step over the batch the workers were sent),
+        then collect every worker's reply; returns ``local()``'s result."""
         if self._closed or self._broken:
             raise RuntimeError("this tensor-parallel group is closed or failed earlier; start a new one")
         try:
             for conn in self.conns:
                 conn.send((method, args, kwargs))
             try:
-                result = getattr(self.local, method)(*args, **kwargs)
+                result = local()
             except Exception:
                 self._replies(grace_s=5.0)  # a worker's own error explains a failed collective
                 raise
