@@ -1,0 +1,11 @@
+"""Tensor parallelism over torch.distributed: the process group, the worker processes, a rank's shard.
+
+``group`` joins a process group (gloo on CPU, NCCL on CUDA) and hands out :class:`TPContext`;
+``workers`` starts and supervises the worker processes from the driver; ``shard_worker`` is what each
+rank runs. The sharded layers themselves live in ``minirunner/model/tensor_parallel.py``.
+"""
+
+from minirunner.distributed.group import TPContext, backend_for, free_port, init_group
+from minirunner.distributed.workers import WorkerError, WorkerGroup
+
+__all__ = ["TPContext", "WorkerError", "WorkerGroup", "backend_for", "free_port", "init_group"]

@@ -1,0 +1,101 @@
+"""One rank's share of a tensor-parallel model: its weights, its KV heads, and one step over them.
+
+Owns :class:`StepBatch`, what the driver sends every rank per step (the host arrays the driver's input
+preparation computed: token ids, positions, slots, query starts, sequence lengths, block tables, the rows
+whose logits are wanted), and :class:`ShardWorker`, which each rank builds (the driver in-process, each
+worker in its own process) and which runs that batch through its shard. Every rank runs the same forward
+in lockstep: the collectives inside the model pair them up. The block tables are the same on every rank
+(one KV pool, bookkept by the driver); each rank's cache holds only its KV heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from minirunner.attention import AttentionMetadata, get_backend_class
+from minirunner.config import ModelConfig, parse_dtype
+from minirunner.distributed.group import TPContext
+from minirunner.model.loader import load_model
+from minirunner.model.tensor_parallel import load_sharded_model
+
+
+@dataclass
+class StepBatch:
+    """One step's flat batch, as host arrays (picklable; a few kilobytes).
+
+    input_ids, positions, slot_mapping: int64 [num_tokens]; query_start_loc: int32 [num_seqs + 1];
+    seq_lens: int32 [num_seqs]; block_tables: int32 [num_seqs, blocks]; logits_indices: int64 [rows]
+    (the token rows whose logits are computed)."""
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    query_start_loc: np.ndarray
+    seq_lens: np.ndarray
+    block_tables: np.ndarray
+    logits_indices: np.ndarray
+
+    def metadata(self, device: torch.device, block_size: int) -> AttentionMetadata:
+        qsl = torch.from_numpy(np.asarray(self.query_start_loc, dtype=np.int32))
+        sl = torch.from_numpy(np.asarray(self.seq_lens, dtype=np.int32))
+        tables = torch.from_numpy(np.asarray(self.block_tables, dtype=np.int32))
+        return AttentionMetadata(
+            positions=torch.from_numpy(np.asarray(self.positions, dtype=np.int64)).to(device),
+            slot_mapping=torch.from_numpy(np.asarray(self.slot_mapping, dtype=np.int64)).to(device),
+            query_start_loc=qsl.to(device), seq_lens=sl.to(device), block_tables=tables.to(device),
+            query_start_loc_cpu=qsl, seq_lens_cpu=sl, max_query_len=int(np.diff(qsl.numpy()).max()),
+            max_seq_len=int(sl.max()), block_size=block_size, block_tables_cpu=tables)
+
+
+class ShardWorker:
+    """Rank ``tp.rank``'s model shard, attention backend and KV cache (``num_blocks`` + the null block).
+
+    Built by ``WorkerGroup(N, device, ShardWorker, (model_dir, dtype, num_blocks, block_size))``."""
+
+    def __init__(self, tp: TPContext, model_dir: str, dtype: str, num_blocks: int, block_size: int,
+                 attention_backend: str = "torch", device: str = "cpu", num_threads: int | None = None):
+        self.tp = tp
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        self.device = torch.device(f"cuda:{tp.rank}") if torch.device(device).type == "cuda" \
+            else torch.device(device)
+        self.dtype = parse_dtype(dtype)
+        full = ModelConfig.from_dir(model_dir)
+        if tp.world_size == 1:  # one device: today's model, no collective anywhere
+            self.model = load_model(model_dir, full, self.dtype, self.device)
+        else:
+            self.model = load_sharded_model(model_dir, full, self.dtype, self.device, tp)
+        cfg = self.model.config  # this rank's heads
+        self.block_size = block_size
+        self.backend = get_backend_class(attention_backend)(
+            cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5, block_size,
+            self.device, self.dtype)
+        shape = (num_blocks + 1, 2, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                          for _ in range(cfg.num_layers)]
+
+    @torch.inference_mode()
+    def execute(self, batch: StepBatch) -> torch.Tensor | None:
+        """Run one step; rank 0 returns the fp32 logits [rows, vocab] of ``batch.logits_indices``
+        (host copy), the other ranks None (they hold the same logits; only rank 0 samples)."""
+        meta = batch.metadata(self.device, self.block_size)
+        self.backend.plan(meta)
+        ids = torch.from_numpy(np.asarray(batch.input_ids, dtype=np.int64)).to(self.device)
+        hidden = self.model(ids, meta, self.kv_caches, self.backend)
+        rows = torch.from_numpy(np.asarray(batch.logits_indices, dtype=np.int64)).to(self.device)
+        logits = self.model.compute_logits(hidden[rows])
+        return logits.cpu() if self.tp.rank == 0 else None
+
+    @torch.inference_mode()
+    def copy_blocks(self, src: list[int], dst: list[int]) -> None:
+        """Copy KV blocks src[i] -> dst[i] in this rank's caches (copy-on-write of a shared block)."""
+        s, d = torch.tensor(src, device=self.device), torch.tensor(dst, device=self.device)
+        for cache in self.kv_caches:
+            cache[d] = cache[s]
+
+    def kv_heads(self) -> int:
+        """How many KV heads this rank's cache holds."""
+        return self.model.config.num_kv_heads
