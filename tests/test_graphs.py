@@ -13,7 +13,7 @@ import torch
 from tiny_models import make_tiny_model
 
 from minirunner import LLM, SamplingParams
-from minirunner.graphs import bucket_for, capture_sizes
+from minirunner.worker.cudagraph import bucket_for, capture_sizes
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minirunner import LLM, SamplingParams
-from minirunner.profiling import (
+from minirunner.tools.profiling import (
     BACKEND,
     OUTSIDE,
     calibrate_eager,

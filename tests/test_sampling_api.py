@@ -13,7 +13,7 @@ import torch
 from tiny_models import make_tiny_model
 
 from minirunner import LLM, SamplingParams
-from minirunner.logits_processing import LogitsBatch, apply_logits_processors
+from minirunner.worker.logits_processing import LogitsBatch, apply_logits_processors
 
 PROMPTS = [[5, 17, 33, 8, 61], [40, 9, 11, 3, 3, 3, 70, 22, 5, 6, 7, 81, 12], [90, 4]]
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import bisect
 
+from minirunner.engine.request import Request
 from minirunner.kv.block_table import BlockTable
-from minirunner.request import Request
 
 
 class ContiguousPool:

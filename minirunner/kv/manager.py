@@ -7,9 +7,9 @@ step; never touches KV tensors itself.
 
 from __future__ import annotations
 
+from minirunner.engine.request import Request
 from minirunner.kv.block_pool import BlockPool
 from minirunner.kv.block_table import BlockTable
-from minirunner.request import Request
 
 
 class KVCacheManager:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from minirunner.bench.run import BenchResult, run_minirunner, run_transformers
-from minirunner.bench.workloads import WORKLOADS, Workload, make_workload
 from minirunner.llm import LLM
+from minirunner.tools.bench.run import BenchResult, run_minirunner, run_transformers
+from minirunner.tools.bench.workloads import WORKLOADS, Workload, make_workload
 
 # plain / transformers_assisted: for a speculative run (speculative_config given), the same runner
 # without speculation, and transformers' assisted generation (the same draft model, or its n-gram prompt

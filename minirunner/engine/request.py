@@ -43,7 +43,7 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
-    # vLLM-shaped extras: filled by the engine, read by make_output.
+    # vLLM-shaped extras: filled by the engine, read by build_request_output.
     group_id: str = ""  # the id add_request returned; its n completions share it
     index: int = 0  # which of the group's n completions this is
     detok: Any = None  # IncrementalDetokenizer, or None without a tokenizer
@@ -53,7 +53,7 @@ class Request:
     cumulative_logprob: float | None = None
     # speculative decoding
     spec_token_ids: list[int] = field(default_factory=list)  # drafts proposed for the next step
-    spec_stats: object | None = None  # minirunner.spec.metrics.SpecStats once it speculated
+    spec_stats: object | None = None  # minirunner.spec_decode.metrics.SpecStats once it speculated
     # prompt + output token ids in one preallocated int64 array of max_len entries (valid up to
     # num_tokens): the runner slices it each step instead of concatenating lists. Output tokens are
     # added only through append_token, which keeps it and output_token_ids in step.

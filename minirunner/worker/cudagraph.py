@@ -36,7 +36,7 @@ SAMPLER_KINDS = ("greedy", "sample", "filter")
 # temperature and top-k / top-p rows are all handled inside it.
 VERIFY_KINDS = ("verify", "verify_onehot")
 # "greedy" also runs at query_len q > 1: a uniform multi-token step returning every token row's argmax and
-# logits (the draft model's 2-token first pass of a step scheduled ahead, minirunner/spec/async_loop.py).
+# logits (the draft model's 2-token first pass of a step scheduled ahead, spec_decode/async_loop.py).
 # Inductor's freezing folds the weights into the compiled step as constants and prepacks them for the
 # CPU's matmul kernels: measured on the embedded model at batch 1 it is what makes "compile" beat eager
 # by more than removing dispatch alone (benchmarks/graphs.py). The price: weights changed after a bucket

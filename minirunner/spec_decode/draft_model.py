@@ -23,14 +23,14 @@ import torch
 from kernels._triton import HAS_TRITON
 from kernels.rejection_sampling import one_hot_probs, probs_from_logits
 from kernels.sampling import sample, sample_ref
-from minirunner.attention import get_backend_class, resolve_backend_name
+from minirunner.attention import make_backend
 from minirunner.config import EngineConfig, ModelConfig
+from minirunner.engine.request import Request
+from minirunner.engine.scheduler import ScheduledRequest
 from minirunner.kv.manager import KVCacheManager
 from minirunner.model.loader import load_model
-from minirunner.request import Request
-from minirunner.runner import ModelRunner
 from minirunner.sampling_params import SamplingParams
-from minirunner.scheduler import ScheduledRequest
+from minirunner.worker.model_runner import ModelRunner
 
 _SEED_MASK = (1 << 63) - 1
 # The draft draws its tokens with noise keyed by (seed ^ salt, position): independent of the noise the
@@ -71,15 +71,13 @@ class DraftModelProposer:
     def __init__(self, draft_dir: str, config: EngineConfig, num_blocks: int):
         self.model_config = mc = ModelConfig.from_dir(draft_dir)
         self.model = load_model(draft_dir, mc, config.dtype, config.device)
-        backend = get_backend_class(resolve_backend_name(config.attention_backend, config.device))(
-            mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5, config.block_size,
-            config.device, config.dtype)
+        backend = make_backend(config, mc)
         self.kv = KVCacheManager(num_blocks, config.block_size, enable_prefix_caching=False)
         self.runner = ModelRunner(self.model, backend, num_blocks, config.block_size,
                                   config.max_num_seqs, config.max_num_batched_tokens,
                                   config.max_model_len)
         if config.graph_mode != "none":  # the draft's one-token passes replay as the target's do
-            from minirunner.graphs import capture_sizes
+            from minirunner.worker.cudagraph import capture_sizes
 
             self.runner.enable_graphs(config.graph_mode,
                                       capture_sizes(config.max_num_seqs, config.cudagraph_capture_sizes))

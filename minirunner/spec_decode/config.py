@@ -26,7 +26,7 @@ class SpeculativeConfig:
     k per step (``k_for_batch_size``): the table ``num_speculative_tokens_per_batch_size``
     [[start_bs, end_bs, k], ...] (inclusive ranges; k = 0 turns speculation off at that size; sizes
     outside every range use num_speculative_tokens), or ``dynamic_k="acceptance"`` (see
-    ``minirunner.spec.dynamic``), with an optional fixed ``cost_ratio`` c (else measured)."""
+    ``minirunner.spec_decode.dynamic``), with an optional fixed ``cost_ratio`` c (else measured)."""
 
     method: str
     num_speculative_tokens: int

@@ -15,14 +15,14 @@ import time
 import torch
 
 from kernels.rejection_sampling import one_hot_probs
-from minirunner.logits_processing import needs_logits_processing
-from minirunner.request import Request
-from minirunner.scheduler import ScheduledRequest
-from minirunner.spec.config import SpeculativeConfig
-from minirunner.spec.draft_model import DraftModelProposer
-from minirunner.spec.dynamic import AcceptanceDrivenK
-from minirunner.spec.metrics import SpecStats
-from minirunner.spec.ngram import NgramProposer
+from minirunner.engine.request import Request
+from minirunner.engine.scheduler import ScheduledRequest
+from minirunner.spec_decode.config import SpeculativeConfig
+from minirunner.spec_decode.draft_model import DraftModelProposer
+from minirunner.spec_decode.dynamic import AcceptanceDrivenK
+from minirunner.spec_decode.metrics import SpecStats
+from minirunner.spec_decode.ngram import NgramProposer
+from minirunner.worker.logits_processing import needs_logits_processing
 
 
 class Speculator:

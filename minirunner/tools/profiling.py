@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from minirunner.sampling_params import SamplingParams
 
@@ -53,7 +54,7 @@ _ALLOCATION_ONLY = frozenset({"aten.empty.memory_format", "aten.empty_strided.de
 
 
 def _storages(tree) -> list[int]:
-    return [t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves(tree)
+    return [t.untyped_storage().data_ptr() for t in tree_leaves(tree)
             if isinstance(t, torch.Tensor)]
 
 

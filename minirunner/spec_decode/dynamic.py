@@ -11,8 +11,8 @@ and c keep being measured. Never proposes tokens itself.
 
 from __future__ import annotations
 
-from minirunner.spec.math import best_k
-from minirunner.spec.metrics import SpecStats
+from minirunner.spec_decode.math import best_k
+from minirunner.spec_decode.metrics import SpecStats
 
 WARMUP_STEPS = 8
 PROBE_EVERY = 10

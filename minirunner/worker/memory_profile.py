@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from minirunner.attention import get_backend_class, resolve_backend_name
+from minirunner.attention import make_backend
 from minirunner.config import EngineConfig, ModelConfig
+from minirunner.engine.request import Request
+from minirunner.engine.scheduler import ScheduledRequest, SchedulerOutput
 from minirunner.kv.manager import KVCacheManager
-from minirunner.request import Request
 from minirunner.sampling_params import SamplingParams
-from minirunner.scheduler import ScheduledRequest
 
 
 def kv_budget_from_profile(total: int, utilization: float, peak: int, non_torch: int) -> int:
@@ -29,7 +29,7 @@ def run_profiling_step(model, config: EngineConfig,
                        model_config: ModelConfig) -> tuple[list[int], int]:
     """Run one step of the largest batch through a throwaway runner and KV cache; returns the
     sampled tokens (one per sequence) and the bytes of that throwaway KV cache."""
-    from minirunner.runner import ModelRunner  # runner imports this module's callers
+    from minirunner.worker.model_runner import ModelRunner  # runner imports this module's callers
 
     mc, block = model_config, config.block_size
     tokens = min(config.max_num_batched_tokens, config.max_num_seqs * config.max_model_len)
@@ -37,9 +37,7 @@ def run_profiling_step(model, config: EngineConfig,
     per_seq = -(-tokens // num_seqs)
     lens = [per_seq] * (tokens // per_seq) + ([tokens % per_seq] if tokens % per_seq else [])
     num_blocks = sum(-(-n // block) for n in lens)
-    backend = get_backend_class(resolve_backend_name(config.attention_backend, config.device))(
-        mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5, block, config.device,
-        config.dtype)
+    backend = make_backend(config, mc)
     runner = ModelRunner(model, backend, num_blocks, block, len(lens), tokens, config.max_model_len)
     kv = KVCacheManager(num_blocks, block, enable_prefix_caching=False)
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=1, seed=0)
@@ -49,8 +47,8 @@ def run_profiling_step(model, config: EngineConfig,
         kv.allocate(request, n)
         scheduled.append(ScheduledRequest(request, n))
     try:
-        runs, _ = runner.execute(scheduled, kv)
-        sampled = [run[0] for run in runs]  # one token each: no speculative drafts here
+        out = runner.execute(SchedulerOutput(scheduled), kv)
+        sampled = [run[0] for run in out.runs]  # one token each: no speculative drafts here
     finally:
         del runner, kv
     return sampled, (num_blocks + 1) * block * mc.kv_bytes_per_token(config.dtype)  # + the null block

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from minirunner.engine.request import Request
 from minirunner.kv.block_table import BlockTable
-from minirunner.request import Request
 
 _SEED_MASK = (1 << 63) - 1
 

@@ -5,9 +5,9 @@ One step is five stages, each a method a notebook can call and inspect:
 
 Owns the KV cache tensors, the static per-step buffers (input_ids, positions, slot_mapping,
 query_start_loc, seq_lens, block_tables), and the persistent per-request state rows
-(minirunner/request_state.py): a step writes only what changed (new block ids) and gathers the batch's rows.
+(minirunner/worker/states.py): a step writes only what changed (new block ids) and gathers the batch's rows.
 Buffers are allocated once at their maximum size and every step writes into them, so a captured or
-compiled decode step (minirunner/graphs.py) replays over the same storage. A decode batch of B requests
+compiled decode step (worker/cudagraph.py) replays over the same storage. A decode batch of B requests
 whose B has a bucket runs padded to that bucket: every row of it is written each step (padding rows: slot
 -1, seq_len 0, token 0, greedy), so no step reads a stale tail. It never decides what to schedule.
 
@@ -26,15 +26,20 @@ from kernels._triton import HAS_TRITON
 from kernels.sampling import sample, sample_ref
 from minirunner.attention import AttentionMetadata
 from minirunner.attention.base import AttentionBackend
-from minirunner.graphs import DecodeGraphs
+from minirunner.engine.request import Request
+from minirunner.engine.scheduler import ScheduledRequest, SchedulerOutput
 from minirunner.kv.manager import KVCacheManager
-from minirunner.logits_processing import LogitsProcessors, apply_logits_processors, needs_logits_processing
 from minirunner.logprobs import TokenLogprobs, score_prompts, score_tokens
 from minirunner.model.decoder import DecoderLM
-from minirunner.request import Request
-from minirunner.request_state import RequestStateRows
-from minirunner.scheduler import ScheduledRequest
-from minirunner.spec.verify import verify_drafts
+from minirunner.spec_decode.verify import verify_drafts
+from minirunner.worker.cudagraph import DecodeGraphs
+from minirunner.worker.logits_processing import (
+    LogitsProcessors,
+    apply_logits_processors,
+    needs_logits_processing,
+)
+from minirunner.worker.runner_output import RunnerOutput, StepGraphInfo
+from minirunner.worker.states import RequestStateRows
 
 
 @dataclass(slots=True)
@@ -56,16 +61,6 @@ class StepInputs:
     sample_requests: list[Request]
     draft_token_ids: np.ndarray  # int64 [num_draft_tokens]: speculative drafts, request by request
     num_drafts: np.ndarray  # int64 [num_sampling]: drafts of each sampling request
-
-
-@dataclass(slots=True)
-class StepGraphInfo:
-    """How the last step ran: ``graph`` "eager", "compile" or "cuda"; ``bucket_size`` the padded batch
-    of a graph step (None when eager); ``num_padded_rows`` = bucket_size - requests."""
-
-    graph: str = "eager"
-    bucket_size: int | None = None
-    num_padded_rows: int = 0
 
 
 class ModelRunner:
@@ -98,10 +93,7 @@ class ModelRunner:
         self.seeds = self._buffer(S, torch.int64)
         self._static_meta: dict[int, AttentionMetadata] = {}
         self.graphs: DecodeGraphs | None = None
-        self.last_step = StepGraphInfo()
         self.logits_processors = LogitsProcessors(cfg.vocab_size, self.device)
-        self.last_logprobs: TokenLogprobs | None = None  # sampled rows, when any asked for logprobs
-        self.last_prompt_logprobs: dict[str, tuple[int, TokenLogprobs]] = {}
 
     def enable_graphs(self, mode: str, sizes: list[int], max_draft_tokens: int = 0) -> DecodeGraphs:
         """Run decode batches that fit a bucket of ``sizes`` as one compiled ("compile") or captured
@@ -416,68 +408,74 @@ class ModelRunner:
         if graph is not None and graph[1] == 1:
             self.prepare_inputs(scheduled, kv, graph[0])
             return self._replay(graph[0], "greedy", len(scheduled))[1], None
-        self.last_step = StepGraphInfo()
         inputs = self.prepare_inputs(scheduled, kv) if after is None else \
             self.prepare_next_decode(*after, scheduled, kv)
         hidden = self.run_model(inputs)
         return (self.compute_logits(hidden, inputs) if len(inputs.sample_rows) else None), inputs
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledRequest], kv: KVCacheManager,
-                draft_probs: torch.Tensor | None = None):
-        """Run one step. Returns (the tokens each request whose step ``samples`` emits, in order: one
-        each, or the accepted run of a speculative request; their fp32 logits [rows, vocab] (raw: before
-        penalties, bias and temperature) or None). draft_probs: fp32 [num_draft_tokens, vocab], the
+    def execute(self, scheduler_output: SchedulerOutput, kv: KVCacheManager,
+                draft_probs: torch.Tensor | None = None) -> RunnerOutput:
+        """Run one step: prepare inputs, run the model (or replay a bucket), sample. Returns the step's
+        RunnerOutput (nothing is kept on the runner). draft_probs: fp32 [num_draft_tokens, vocab], the
         draft model's q of every draft token in order, or None (no drafts, or one-hot n-gram drafts)."""
+        scheduled = scheduler_output.scheduled
         graph = self.graph_bucket(scheduled)
         bucket, query_len = graph if graph is not None else (None, 1)
         inputs = self.prepare_inputs(scheduled, kv, bucket, query_len)
+        out = RunnerOutput(req_ids=[r.request_id for r in inputs.sample_requests],
+                           num_drafts=inputs.num_drafts.tolist())
         if bucket is not None and query_len > 1:
-            return self._replay_verify(bucket, query_len, inputs, draft_probs)
+            out.runs, out.logits, out.graph = self._replay_verify(bucket, query_len, inputs, draft_probs)
+            return out
         if bucket is not None:
-            tokens, logits = self._replay(bucket, self.sampler_kind(inputs.sample_rows), len(scheduled))
-            self.last_prompt_logprobs = {}
-            self._score_logprobs(logits, tokens, inputs)
-            return [[t] for t in self.postprocess(tokens)], logits
-        self.last_step = StepGraphInfo()
+            tokens, out.logits, out.graph = self._replay(bucket, self.sampler_kind(inputs.sample_rows),
+                                                         len(scheduled))
+            out.logprobs = self._score_logprobs(out.logits, tokens, inputs)
+            out.runs = [[t] for t in self.postprocess(tokens)]
+            return out
         hidden = self.run_model(inputs)
-        self.last_prompt_logprobs = score_prompts(self.model, hidden, scheduled)
+        out.prompt_logprobs = score_prompts(self.model, hidden, scheduled)
         if not len(inputs.sample_rows):
-            return [], None
-        logits = self.compute_logits(hidden, inputs)
+            return out
+        out.logits = self.compute_logits(hidden, inputs)
         if len(inputs.draft_token_ids):
-            self.last_logprobs = None
-            return verify_drafts(self, logits, inputs, draft_probs), logits
-        tokens = self.sample(logits, inputs)
+            state, rows = self.state, inputs.sample_rows
+            out.runs = verify_drafts(out.logits, inputs, draft_probs, state.temperature[rows],
+                                     state.top_k[rows], state.top_p[rows], state.seed[rows])
+            return out
+        tokens = self.sample(out.logits, inputs)
         self.logits_processors.record(tokens)
-        self._score_logprobs(logits, tokens, inputs)
-        return [[t] for t in self.postprocess(tokens)], logits
+        out.logprobs = self._score_logprobs(out.logits, tokens, inputs)
+        out.runs = [[t] for t in self.postprocess(tokens)]
+        return out
 
     def _replay(self, bucket: int, kind: str, n: int, query_len: int = 1):
         """Replay bucket ``bucket``'s step of ``kind`` for a batch of ``n`` requests: (its first n rows
         of tokens or runs, the logits of their n * query_len token rows, copied out: the next replay
-        overwrites its outputs)."""
+        overwrites its outputs; how the step ran)."""
         out, logits = self.graphs.run(bucket, kind, query_len)
-        self.last_step = StepGraphInfo(self.graphs.mode, bucket, bucket - n)
-        return out[:n], logits[:n * query_len].clone()
+        return out[:n], logits[:n * query_len].clone(), StepGraphInfo(self.graphs.mode, bucket, bucket - n)
 
     def _replay_verify(self, bucket: int, query_len: int, inputs: StepInputs,
-                       draft_probs: torch.Tensor | None) -> tuple[list[list[int]], torch.Tensor]:
+                       draft_probs: torch.Tensor | None):
         """A uniform verify step as one replay: the drafts' q goes to the static buffer, the graph runs
         the target over every row's k + 1 tokens and the rejection sampler, and the emitted runs come
-        back in the step's one device-to-host copy (as a decode step's tokens do)."""
+        back in the step's one device-to-host copy (as a decode step's tokens do). Returns (runs,
+        logits, how the step ran)."""
         n, k = len(inputs.sample_requests), query_len - 1
         if draft_probs is not None:
             self.graphs.draft_probs_buffer()[:n * k].copy_(draft_probs)
         kind = "verify" if draft_probs is not None else "verify_onehot"
-        runs, logits = self._replay(bucket, kind, n, query_len)
-        self.last_prompt_logprobs, self.last_logprobs = {}, None
-        return [[t for t in row if t >= 0] for row in self.postprocess(runs)], logits
+        runs, logits, info = self._replay(bucket, kind, n, query_len)
+        return [[t for t in row if t >= 0] for row in self.postprocess(runs)], logits, info
 
-    def _score_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, inputs: StepInputs) -> None:
+    @staticmethod
+    def _score_logprobs(logits: torch.Tensor, tokens: torch.Tensor, inputs: StepInputs
+                        ) -> TokenLogprobs | None:
         k = max((r.params.logprobs for r in inputs.sample_requests if r.params.logprobs is not None),
                 default=None)
-        self.last_logprobs = None if k is None else score_tokens(logits, tokens, k)
+        return None if k is None else score_tokens(logits, tokens, k)
 
 
 def _graph_ready(request: Request) -> bool:

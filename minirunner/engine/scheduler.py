@@ -19,8 +19,8 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
+from minirunner.engine.request import Request, RequestStatus
 from minirunner.kv.manager import KVCacheManager
-from minirunner.request import Request, RequestStatus
 
 
 @dataclass
@@ -56,6 +56,11 @@ class Scheduler:
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
+
+    def add_forked(self, children: list[Request]) -> None:
+        """Queue forked completions (in index order) ahead of every waiting request: their prompt is
+        already in the cache, bar its last token."""
+        self.waiting.extendleft(reversed(children))
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)

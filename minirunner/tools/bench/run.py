@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from minirunner.bench.workloads import Workload
 from minirunner.llm import LLM
 from minirunner.sampling_params import SamplingParams
+from minirunner.tools.bench.workloads import Workload
 
 
 @dataclass

@@ -8,7 +8,7 @@ write (copy-on-write, the PagedAttention paper's §4.4). Never runs the model.
 
 from __future__ import annotations
 
-from minirunner.request import Request, RequestStatus
+from minirunner.engine.request import Request, RequestStatus
 
 _MASK64 = (1 << 64) - 1
 _SEED_MASK = (1 << 63) - 1
@@ -31,14 +31,17 @@ def child_id(group_id: str, index: int) -> str:
     return group_id if index == 0 else f"{group_id}#{index}"
 
 
-def fork_children(parent: Request, kv, scheduler) -> None:
-    """Completion 0 has just computed its prompt: give every waiting sibling the prompt's blocks and
-    queue it (ahead of new requests) to compute the last prompt token itself."""
+def fork_children(parent: Request, kv) -> list[Request]:
+    """Completion 0 has just computed its prompt: give every waiting sibling the prompt's blocks.
+    Returns the forked siblings, in index order, for the scheduler to queue ahead of new requests
+    (``Scheduler.add_forked``); each recomputes the last prompt token itself."""
     children, parent.fork_children = parent.fork_children, []
-    for child in reversed(children):
+    forked = []
+    for child in children:
         if child.is_finished:  # aborted before the fork
             continue
         kv.fork(parent, child)
         child.num_computed_tokens = len(child.prompt_token_ids) - 1
         child.status = RequestStatus.WAITING
-        scheduler.waiting.appendleft(child)
+        forked.append(child)
+    return forked

@@ -4,6 +4,6 @@ The engine asks a ``Speculator`` for draft tokens before each step and reports w
 after it; verification itself is the rejection sampler in ``kernels.rejection_sampling``.
 """
 
-from minirunner.spec.config import SpeculativeConfig
+from minirunner.spec_decode.config import SpeculativeConfig
 
 __all__ = ["SpeculativeConfig"]

@@ -36,11 +36,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from minirunner.logits_processing import needs_logits_processing
-from minirunner.request import Request
-from minirunner.runner import ModelRunner, StepGraphInfo
-from minirunner.scheduler import ScheduledRequest, SchedulerOutput
-from minirunner.spec.draft_model import draft_sampling_params, draw_drafts
+from minirunner.engine.output_processor import AppliedStep
+from minirunner.engine.request import Request
+from minirunner.engine.scheduler import ScheduledRequest, SchedulerOutput
+from minirunner.spec_decode.draft_model import draft_sampling_params, draw_drafts
+from minirunner.worker.logits_processing import needs_logits_processing
+from minirunner.worker.model_runner import ModelRunner
+from minirunner.worker.runner_output import StepGraphInfo
 
 
 @dataclass(eq=False)
@@ -110,7 +112,7 @@ class AsyncSpeculation:
         engine = self.engine
         running = engine.scheduler.running
         waiting = engine.scheduler.waiting and len(running) < engine.scheduler.max_num_seqs
-        if not running or waiting or engine.keep_logits:
+        if not running or waiting:
             return None  # the synchronous step admits what waits while there is a free seat
         if ahead and running != self.pending.requests:
             return None  # a request finished or was aborted
@@ -181,7 +183,7 @@ class AsyncSpeculation:
             engine.kv.drop_step_cache()
             for r in batch:
                 if not r.is_finished:
-                    engine._free(r)
+                    engine.free_request(r)
                     r.finish("abort")
             raise
 
@@ -318,28 +320,28 @@ class AsyncSpeculation:
             runs = step.runs.tolist()
         runs = [[t for t in row if t >= 0] for row in runs]
         live = [(r, run) for r, run in zip(step.requests, runs, strict=True) if not r.is_finished]
-        produced, done, finished = [], [], []
+        applied = AppliedStep()
         for r, run in live:
             c, a = r.num_computed_tokens, len(run) - 1
             r.num_computed_tokens = c + a + 1
             # the draft cache holds the verified tokens through c + min(a, k - 1)
             self.proposer.seqs[r.request_id].num_computed_tokens = c + min(a, step.k - 1) + 1
             engine.kv.cache_full_blocks(r)
-            produced.append((r, engine._append_run(r, run, done, finished)))
+            engine.output_processor.append_run(r, run, applied)
         spec_runs = self.spec.record_runs([r for r, _ in live], [step.k] * len(live),
                                           [run for _, run in live], step.propose_s, step.verify_s)
-        occupancy = engine._occupancy()
-        for r in done:
-            engine._free(r)
-        engine.runner.last_step = StepGraphInfo(self.target.graphs.mode, step.bucket,
-                                                step.bucket - len(step.requests))
+        for children in applied.forked:  # none: a segment runs no request that still forks
+            engine.scheduler.add_forked(children)
+        occupancy = engine.tracer.occupancy()
+        for r in applied.done:
+            engine.free_request(r)
         sched = SchedulerOutput([ScheduledRequest(r, step.k + 1, [0] * step.k) for r, _ in live])
-        engine._record(sched, finished, occupancy, sum(len(t) for _, t in produced),
-                       time.perf_counter() - step.t0)
-        engine.trace[-1].scheduled_ahead = True
-        if spec_runs:
-            engine._record_spec(spec_runs, step.propose_s, step.verify_s)
-        return produced
+        engine.tracer.record(sched, applied.finished, occupancy,
+                             sum(len(t) for _, t in applied.produced), time.perf_counter() - step.t0,
+                             StepGraphInfo(self.target.graphs.mode, step.bucket,
+                                           step.bucket - len(step.requests)),
+                             spec_runs, step.propose_s, step.verify_s, scheduled_ahead=True)
+        return applied.produced
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minirunner.spec.math import expected_tokens_per_step
+from minirunner.spec_decode.math import expected_tokens_per_step
 
 
 @dataclass
