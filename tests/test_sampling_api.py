@@ -151,7 +151,7 @@ def test_per_request_values_batched_equal_alone(models):
     for i in range(3):
         alone = llm.generate([PROMPTS[i]], params[i], use_tqdm=False)[0]
         assert alone.outputs[0].token_ids == together[i].outputs[0].token_ids
-    assert llm.engine.runner.logits_processors.penalties.rows == {}, "finished requests keep rows"
+    assert llm.engine.runner.sampler.logits_processors.penalties.rows == {}, "finished requests keep rows"
 
 
 @pytest.mark.parametrize("kwargs, words", [

@@ -18,6 +18,7 @@ import torch
 from minirunner.attention import AttentionBackend, make_backend
 from minirunner.config import EngineConfig, ModelConfig
 from minirunner.engine.scheduler import Scheduler
+from minirunner.kv.block_table import cdiv
 from minirunner.kv.contiguous import ContiguousKVManager
 from minirunner.kv.manager import KVCacheManager
 from minirunner.model.decoder import DecoderLM
@@ -69,7 +70,8 @@ def build_engine(config: EngineConfig, mc: ModelConfig) -> EngineParts:
 
         runner.enable_graphs(config.graph_mode,
                              capture_sizes(config.max_num_seqs, config.cudagraph_capture_sizes),
-                             0 if spec_config is None else spec_config.max_num_speculative_tokens)
+                             0 if spec_config is None else spec_config.max_num_speculative_tokens,
+                             draft_q=spec_config is not None and spec_config.method == "draft_model")
     spec = None if spec_config is None else Speculator(spec_config, config, num_blocks)
     return EngineParts(model, spec_config, num_blocks, backend, kv,
                        Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens), runner, spec,
@@ -92,7 +94,7 @@ def kv_budget_blocks(cfg: EngineConfig, mc: ModelConfig, model: DecoderLM, draft
                   "minus the profiled peak")
     else:
         # max_num_seqs full-length requests, plus the null block (paid for below)
-        per_seq = -(-cfg.max_model_len // cfg.block_size) * block_bytes
+        per_seq = cdiv(cfg.max_model_len, cfg.block_size) * block_bytes
         budget = min(_DEFAULT_CPU_KV_BYTES, per_seq * cfg.max_num_seqs + block_bytes)
         source = "the default CPU budget"
     # The KV tensors hold one more block than the pool hands out (the runner's null block, where

@@ -167,8 +167,7 @@ class LLMEngine:
     def free_request(self, request: Request) -> None:
         """Free a finished or aborted request's blocks and its runner state."""
         self.scheduler.finish(request)
-        self.runner.logits_processors.release(request.request_id)
-        self.runner.free_request(request.request_id)
+        self.runner.finish_request(request.request_id)
         if self.spec is not None:
             self.spec.proposer.free(request.request_id)
 
@@ -199,10 +198,11 @@ class LLMEngine:
                 return EngineStep(produced)
         t0 = time.perf_counter()
         self.kv.begin_step()
+        propose_s = 0.0
         if self.spec is not None:  # a finished request's draft KV went back in free_request
-            self.spec.propose(self.scheduler.running,
-                              {rid for rid, r in self.requests.items() if not r.is_finished},
-                              self.scheduler.may_join())
+            propose_s = self.spec.propose(self.scheduler.running,
+                                          {rid for rid, r in self.requests.items() if not r.is_finished},
+                                          self.scheduler.may_join())
         sched = self.scheduler.schedule()
         for request_id in sched.preempted:
             self.runner.free_request(request_id)
@@ -215,13 +215,13 @@ class LLMEngine:
         applied = self.output_processor.apply(sched, out, self.requests)
         for children in applied.forked:
             self.scheduler.add_forked(children)
-        spec_runs = {} if self.spec is None else self.spec.record(sampling, out.runs, verify_s)
+        spec_runs = {} if self.spec is None else self.spec.verified(sampling, out.runs, verify_s, self.kv)
         occupancy = self.tracer.occupancy()  # the step's peak: before finished requests free blocks
         for request in applied.done:
             self.free_request(request)
         self.tracer.record(sched, applied.finished, occupancy,
                            sum(len(tokens) for _, tokens in applied.produced), time.perf_counter() - t0,
-                           out.graph, spec_runs, self.spec.last_propose_s if spec_runs else 0.0, verify_s)
+                           out.graph, spec_runs, propose_s, verify_s)
         return EngineStep(applied.produced, out)
 
     def _execute(self, sched: SchedulerOutput) -> tuple[RunnerOutput, float]:

@@ -1,7 +1,7 @@
 """OutputProcessor: applies a step's RunnerOutput to its requests (vLLM's output processor).
 
-Owns what happens to a request after its step ran: its computed-token count moves on (speculative
-drafts that were rejected are rolled back, their K/V slots trimmed), the emitted tokens are appended
+Owns what happens to a request after its step ran: its computed-token count moves on (the speculator
+then rolls back rejected drafts, spec_decode/speculator.py), the emitted tokens are appended
 one by one with the stop checks (EOS, stop token ids, stop strings through incremental detokenisation,
 max_tokens, max_model_len), the logprobs are collected, and completion 0 of an n > 1 group forks its
 siblings once its prompt is computed. Forked siblings are returned for the scheduler to queue; requests
@@ -35,9 +35,8 @@ class OutputProcessor:
         self._token_text: dict[int, str] = {}
 
     def apply(self, scheduler_output, runner_output, requests: dict[str, Request]) -> AppliedStep:
-        """Apply one synchronous step: logprobs, counts (with drafts rolled back), tokens with stop
-        checks. ``requests``: every live request by id (prompt logprobs may belong to a request that
-        did not sample)."""
+        """Apply one synchronous step: logprobs, counts, tokens with stop checks. ``requests``: every
+        live request by id (prompt logprobs may belong to a request that did not sample)."""
         scheduled = scheduler_output.scheduled
         collect_step_logprobs(requests, scheduled, runner_output.prompt_logprobs, runner_output.logprobs,
                               self.decode_token)
@@ -46,12 +45,7 @@ class OutputProcessor:
             s.request.num_computed_tokens += s.num_new_tokens
         out = AppliedStep()
         for s, run in zip(sampling, runner_output.runs, strict=True):
-            request = s.request
-            if s.draft_token_ids:
-                # Roll back the rejected drafts: their K/V slots are past the accepted run.
-                request.num_computed_tokens -= len(s.draft_token_ids) - (len(run) - 1)
-                self.kv.trim(request)
-            self.append_run(request, run, out)
+            self.append_run(s.request, run, out)
         return out
 
     def append_run(self, request: Request, run: list[int], out: AppliedStep) -> None:

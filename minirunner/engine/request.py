@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from minirunner.engine.sequence import RunnableSequence
 from minirunner.sampling_params import SamplingParams
 
 
@@ -24,7 +25,7 @@ class RequestStatus(enum.Enum):
 
 
 @dataclass(eq=False)  # requests are compared by identity, never field by field
-class Request:
+class Request(RunnableSequence):
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams

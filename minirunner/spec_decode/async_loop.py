@@ -29,9 +29,7 @@ launch (the device runs asynchronously).
 
 from __future__ import annotations
 
-import contextlib
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,27 +37,13 @@ import torch
 from minirunner.engine.output_processor import AppliedStep
 from minirunner.engine.request import Request
 from minirunner.engine.scheduler import ScheduledRequest, SchedulerOutput
+from minirunner.spec_decode.async_utils import LaunchedStep, device_ints, merge_produced, sync_check
 from minirunner.spec_decode.draft_model import draft_sampling_params, draw_drafts
+from minirunner.worker.cudagraph import GraphKey, GraphKind
+from minirunner.worker.input_batch import graph_rows
 from minirunner.worker.logits_processing import needs_logits_processing
 from minirunner.worker.model_runner import ModelRunner
 from minirunner.worker.runner_output import StepGraphInfo
-
-
-@dataclass(eq=False)
-class _Launched:
-    """A step on the device whose runs the host has not read yet."""
-
-    requests: list[Request]
-    k: int
-    bucket: int
-    start: torch.Tensor  # int64 [n]: position of each request's first verify token (its last known one)
-    ids: torch.Tensor  # int64 [n, k + 1]: the verify step's tokens (last known token, then k drafts)
-    runs: torch.Tensor  # int64 [n, k + 1]: emitted runs, -1 after each ends (own storage)
-    host: torch.Tensor | None  # pinned copy of runs (CUDA), valid once ``ready`` has passed
-    ready: torch.cuda.Event | None
-    propose_s: float
-    verify_s: float
-    t0: float
 
 
 class AsyncSpeculation:
@@ -70,10 +54,9 @@ class AsyncSpeculation:
         self.target: ModelRunner = engine.runner
         self.draft: ModelRunner = self.proposer.runner
         self.device = engine.config.device
-        self.pending: _Launched | None = None
+        self.pending: LaunchedStep | None = None
         self._draft_params: tuple | None = None  # the segment's draft sampling parameters
         self._sampled = False  # does any request of the segment sample (else greedy drafts, one-hot q)
-        self._qsl: dict[tuple[int, int], torch.Tensor] = {}
         self.num_launched = 0  # speculative steps launched by this loop
         self.check_no_sync = False  # CUDA: raise if preparing a step ahead waits for the device
 
@@ -98,7 +81,7 @@ class AsyncSpeculation:
             launched = self._guard(prev.requests, lambda: self._launch_after(prev))
         produced = self._apply(prev)
         if launched is not None and any(r.is_finished for r in launched.requests):
-            produced = _merge(produced, self._apply(launched))  # stop checks one step late: drain
+            produced = merge_produced(produced, self._apply(launched))  # stop checks one step late: drain
             launched = None
         self.pending = launched
         if launched is None:
@@ -188,35 +171,28 @@ class AsyncSpeculation:
             raise
 
     @torch.inference_mode()
-    def _launch_from_host(self, batch: list[Request], k: int, bucket: int) -> _Launched:
+    def _launch_from_host(self, batch: list[Request], k: int, bucket: int) -> LaunchedStep:
         """A segment's first step: positions and the last two tokens from the host's (exact) counts."""
-        with self._sync_check():
-            start = self._device_ints([r.num_computed_tokens for r in batch])
+        with sync_check(self.check_no_sync, self.device):
+            start = device_ints(self.device, [r.num_computed_tokens for r in batch])
             known = np.stack([r.token_buffer[r.num_computed_tokens - 1:r.num_computed_tokens + 1]
                               for r in batch])
-            pair = self._device_ints(known)
+            pair = device_ints(self.device, known)
             return self._launch(batch, k, bucket, start, pair[:, 0], pair[:, 1])
 
     @torch.inference_mode()
-    def _launch_after(self, prev: _Launched) -> _Launched:
+    def _launch_after(self, prev: LaunchedStep) -> LaunchedStep:
         """The acceptance update on the device — from ``prev``'s emitted runs, each request's accepted
         count, its new last position and its last two tokens — then the launch of the next step."""
-        with self._sync_check():
+        with sync_check(self.check_no_sync, self.device):
             a = (prev.runs >= 0).sum(dim=1, keepdim=True) - 1  # drafts accepted, per request
             start = prev.start + a[:, 0] + 1  # the new last token's position
             before, last = prev.ids.gather(1, a)[:, 0], prev.runs.gather(1, a)[:, 0]
             return self._launch(prev.requests, prev.k, prev.bucket, start, before, last)
 
-    def _sync_check(self):
-        """With ``check_no_sync`` on CUDA: any operation that waits for the device raises (torch's sync
-        debug mode) while a step is prepared and launched ahead. Graph captures sync, so warm up first."""
-        if not (self.check_no_sync and self.device.type == "cuda"):
-            return contextlib.nullcontext()
-        return _sync_debug_error()
-
     @torch.inference_mode()
     def _launch(self, batch: list[Request], k: int, bucket: int, start: torch.Tensor,
-                before: torch.Tensor, last: torch.Tensor) -> _Launched:
+                before: torch.Tensor, last: torch.Tensor) -> LaunchedStep:
         """Queue one speculative step on the device: k draft passes, then the verify replay. start,
         before, last: int64 [n] on the device, each request's last verified position and the tokens at
         start - 1 and start. Reads nothing back."""
@@ -231,9 +207,9 @@ class AsyncSpeculation:
         tokens, qs = [], []
         step_ids, positions = torch.stack((before, last), 1), torch.stack((start - 1, start), 1)
         for j in range(k):
-            self._write_uniform(self.draft, bucket, n, step_ids, positions)
+            self.draft.buffers.write_uniform(bucket, n, step_ids, positions)
             q_len = step_ids.shape[1]
-            best, logits = self.draft.graphs.run(bucket, "greedy", q_len)
+            best, logits = self.draft.graphs.run(GraphKey(bucket, GraphKind.GREEDY, q_len))
             # each request's last token row (views: no index tensor)
             best, logits = best.view(bucket, q_len)[:n, -1], logits.view(bucket, q_len, -1)[:n, -1]
             if self._sampled:
@@ -250,13 +226,12 @@ class AsyncSpeculation:
         target = self.target
         rows = [target.state.sync(r, engine.kv.table(r.request_id)) for r in batch]
         self._stage_rows(target, rows, bucket, sampling=True)
-        self._write_uniform(target, bucket, n, ids, start[:, None] + torch.arange(k + 1, device=self.device))
-        target.sample_positions[:n].copy_(start + 1)
-        if n < bucket:
-            target.sample_positions[n:bucket].zero_()
+        target.buffers.write_uniform(bucket, n, ids, start[:, None] + torch.arange(k + 1, device=self.device),
+                                     sample_positions=start + 1)
         if self._sampled:
-            target.graphs.draft_probs_buffer()[:n * k].copy_(torch.stack(qs, 1).reshape(n * k, -1))
-        runs, _ = target.graphs.run(bucket, "verify" if self._sampled else "verify_onehot", k + 1)
+            target.graphs.write_draft_probs(torch.stack(qs, 1).reshape(n * k, -1))
+        kind = GraphKind.VERIFY if self._sampled else GraphKind.VERIFY_ONEHOT
+        runs, _ = target.graphs.run(GraphKey(bucket, kind, k + 1))
         runs = runs[:n].clone()  # the next replay overwrites the graph's outputs
         host, ready = None, None
         if runs.device.type == "cuda":
@@ -265,50 +240,18 @@ class AsyncSpeculation:
             ready = torch.cuda.Event()
             ready.record()
         self.num_launched += 1
-        return _Launched(list(batch), k, bucket, start, ids, runs, host, ready, propose_s,
+        return LaunchedStep(list(batch), k, bucket, start, ids, runs, host, ready, propose_s,
                          time.perf_counter() - t1, t0)
-
-    def _write_uniform(self, runner: ModelRunner, bucket: int, n: int, ids: torch.Tensor,
-                       positions: torch.Tensor) -> None:
-        """Rows [0, bucket) of a runner's step buffers for a uniform graph step of q tokens per row,
-        written on the device: rows < n from ids and positions (int64 [n, q]), slots from the block
-        tables already in the buffer; rows >= n padding rows (token 0, position 0, slot -1, seq_len 0),
-        query_start_loc 0, q, 2q, ... as ``ModelRunner.write_padding_rows`` leaves them."""
-        q, bs = ids.shape[1], runner.block_size
-        m, total = n * q, bucket * q
-        slots = runner.block_tables[:n].long().gather(1, positions // bs) * bs + positions % bs
-        for buf, value, pad in ((runner.input_ids, ids, 0), (runner.positions, positions, 0),
-                                (runner.slot_mapping, slots, -1)):
-            buf[:m].copy_(value.reshape(-1))
-            if m < total:
-                buf[m:total].fill_(pad)
-        runner.seq_lens[:n].copy_(positions[:, -1] + 1)
-        if n < bucket:
-            runner.seq_lens[n:bucket].zero_()
-        qsl = self._qsl.get((bucket, q))
-        if qsl is None:
-            qsl = self._qsl[(bucket, q)] = torch.arange(bucket + 1, dtype=torch.int32,
-                                                        device=self.device) * q
-        runner.query_start_loc[:bucket + 1].copy_(qsl)
 
     def _stage_rows(self, runner: ModelRunner, rows: list[int], bucket: int, sampling: bool) -> None:
         """The batch's block-table rows (and with ``sampling`` its sampling parameters), padded to the
-        bucket as ``ModelRunner.graph_rows`` lays them out, host to device without blocking."""
-        for buf, arr in runner.graph_rows(np.asarray(rows, dtype=np.int64), bucket, sampling):
-            buf[:bucket].copy_(self._staged(arr), non_blocking=True)
-
-    def _staged(self, arr: np.ndarray) -> torch.Tensor:
-        """A host array as a tensor a non-blocking copy may read: fresh pinned memory on CUDA (torch's
-        pinned allocator reuses a block only once the copies reading it are done), the array itself on a
-        CPU."""
-        t = torch.from_numpy(np.ascontiguousarray(arr))
-        return t.pin_memory() if self.device.type == "cuda" else t
-
-    def _device_ints(self, values) -> torch.Tensor:
-        return self._staged(np.asarray(values, dtype=np.int64)).to(self.device, non_blocking=True)
+        bucket, host to device without blocking, each through its own pinned copy (the buffers' mirror
+        may still be read by a copy in flight)."""
+        tables, params = graph_rows(runner.state, np.asarray(rows, dtype=np.int64), sampling)
+        runner.buffers.put_graph_rows(tables, params, bucket, own_host=True)
 
     # -- reading a step -------------------------------------------------------------------------
-    def _apply(self, step: _Launched) -> list[tuple[Request, list[int]]]:
+    def _apply(self, step: LaunchedStep) -> list[tuple[Request, list[int]]]:
         """Read a launched step's runs (waiting for that step only) and apply them as the synchronous
         engine does: counts, metrics, tokens with stop checks, finished requests freed, a trace entry.
         Requests that finished or were aborted since the launch are skipped."""
@@ -342,24 +285,3 @@ class AsyncSpeculation:
                                            step.bucket - len(step.requests)),
                              spec_runs, step.propose_s, step.verify_s, scheduled_ahead=True)
         return applied.produced
-
-
-@contextlib.contextmanager
-def _sync_debug_error():
-    old = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(old)
-
-
-def _merge(first: list[tuple[Request, list[int]]], second: list[tuple[Request, list[int]]]):
-    """Two steps' (request, tokens) lists as one: a request's tokens concatenated, first-seen order."""
-    out: dict[int, tuple[Request, list[int]]] = {}
-    for r, tokens in first + second:
-        if id(r) in out:
-            out[id(r)][1].extend(tokens)
-        else:
-            out[id(r)] = (r, list(tokens))
-    return list(out.values())

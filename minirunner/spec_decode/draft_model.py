@@ -13,7 +13,6 @@ its tokens agree with the request's verified tokens; rejected drafts' blocks ret
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -27,9 +26,11 @@ from minirunner.attention import make_backend
 from minirunner.config import EngineConfig, ModelConfig
 from minirunner.engine.request import Request
 from minirunner.engine.scheduler import ScheduledRequest
+from minirunner.engine.sequence import RunnableSequence
 from minirunner.kv.manager import KVCacheManager
 from minirunner.model.loader import load_model
 from minirunner.sampling_params import SamplingParams
+from minirunner.spec_decode.proposer import Proposer
 from minirunner.worker.model_runner import ModelRunner
 
 _SEED_MASK = (1 << 63) - 1
@@ -39,15 +40,16 @@ _DRAFT_SALT = 0x2545F4914F6CDD1D
 
 
 @dataclass(eq=False)
-class _DraftSeq:
-    """What the draft runner reads of a request: id, tokens and K/V progress in the draft cache."""
+class DraftSequence(RunnableSequence):
+    """The draft model's shadow of one request (engine/sequence.py's protocol, for the draft's KV manager
+    and runner): its tokens and their K/V progress in the draft cache. Its rows in the draft runner are
+    greedy (``params``): the draft draws sampled drafts itself, from the logits, with its own noise."""
 
     request_id: str
     tokens: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_verified: int = 0  # tokens[:num_verified] were the request's verified tokens at the last call
-    # The runner keeps sampling state per request; the draft samples itself, so these are unused.
-    params: SamplingParams = field(default_factory=SamplingParams)
+    params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
     seed: int = 0
 
     @property
@@ -67,7 +69,7 @@ class _DraftSeq:
         return ()  # no min_tokens to enforce: the draft's decode passes may replay a graph step
 
 
-class DraftModelProposer:
+class DraftModelProposer(Proposer):
     def __init__(self, draft_dir: str, config: EngineConfig, num_blocks: int):
         self.model_config = mc = ModelConfig.from_dir(draft_dir)
         self.model = load_model(draft_dir, mc, config.dtype, config.device)
@@ -79,12 +81,13 @@ class DraftModelProposer:
         if config.graph_mode != "none":  # the draft's one-token passes replay as the target's do
             from minirunner.worker.cudagraph import capture_sizes
 
+            # with async scheduling, the first draft pass of a step scheduled ahead feeds 2 tokens a row
             self.runner.enable_graphs(config.graph_mode,
-                                      capture_sizes(config.max_num_seqs, config.cudagraph_capture_sizes))
+                                      capture_sizes(config.max_num_seqs, config.cudagraph_capture_sizes),
+                                      extra_query_lens=(2,) if config.async_scheduling else ())
         self.max_batched = config.max_num_batched_tokens
         self.device = config.device
-        self.seqs: dict[str, _DraftSeq] = {}
-        self.forward_s = 0.0
+        self.seqs: dict[str, DraftSequence] = {}
         self._chain = None  # (inputs, sampled tokens) of the last pass, while the next may follow it
 
     # -- bookkeeping ----------------------------------------------------------------------------
@@ -101,10 +104,10 @@ class DraftModelProposer:
             self.kv.free(seq)
             self.runner.free_request(request_id)
 
-    def _sync(self, request: Request) -> _DraftSeq:
+    def _sync(self, request: Request) -> DraftSequence:
         """Align the shadow sequence with the request's verified tokens, rolling back K/V past the
         first disagreement (rejected drafts) and returning emptied blocks to the pool."""
-        seq = self.seqs.setdefault(request.request_id, _DraftSeq(request.request_id))
+        seq = self.seqs.setdefault(request.request_id, DraftSequence(request.request_id))
         verified = request.all_token_ids
         agree = seq.num_verified
         limit = min(len(seq.tokens), len(verified))
@@ -124,7 +127,6 @@ class DraftModelProposer:
         """Draft ks[i] tokens for requests[i] (each decode-ready). Returns {request_id: (tokens, q)}
         with q fp32 [len(tokens), vocab], the distribution each token was drawn from; a request the
         draft pool cannot hold gets no drafts this step."""
-        t0 = time.perf_counter()
         self._chain = None
         seqs = {r.request_id: self._sync(r) for r in requests}
         want = {r.request_id: k for r, k in zip(requests, ks, strict=True) if k > 0}
@@ -139,7 +141,6 @@ class DraftModelProposer:
             active = [rid for rid in want if want[rid] > j and rid in out]
             for rid in self._forward(active, seqs, by_id, out, catch_up=False):
                 want[rid] = j  # the draft pool ran dry: keep the drafts made so far
-        self.forward_s += time.perf_counter() - t0
         return {rid: (toks, _stack_probs(toks, qs, self.model_config.vocab_size))
                 for rid, (toks, qs) in out.items() if toks}
 

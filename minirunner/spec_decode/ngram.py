@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from minirunner.spec_decode.proposer import Proposer
+
 
 def ngram_propose(token_ids: list[int] | np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
     """Up to k draft tokens for the sequence ``token_ids``.
@@ -41,7 +43,7 @@ def ngram_propose(token_ids: list[int] | np.ndarray, k: int, min_n: int, max_n: 
     return []
 
 
-class NgramProposer:
+class NgramProposer(Proposer):
     """Prompt lookup for a batch of requests; drafts carry no probabilities (one-hot q)."""
 
     def __init__(self, min_n: int, max_n: int):

@@ -36,8 +36,7 @@ class Speculator:
             if config.dynamic_k == "acceptance" else None
         self.stats = SpecStats()
         self._probs: dict[str, torch.Tensor] = {}
-        self.last_k = 0
-        self.last_propose_s = 0.0
+        self._propose_s = 0.0  # the last propose's host time, counted with what its step accepts
 
     def reset_stats(self) -> None:
         """Start the engine-wide metrics afresh (a benchmark measures one run)."""
@@ -48,9 +47,10 @@ class Speculator:
             return self.dynamic.choose(self.stats)
         return self.config.k_for_batch_size(batch_size)
 
-    def propose(self, running: list[Request], live_ids: set[str], joining: list[Request] = ()) -> None:
+    def propose(self, running: list[Request], live_ids: set[str], joining: list[Request] = ()) -> float:
         """Set ``spec_token_ids`` on every running request (empty unless it is decode-ready).
-        ``joining``: the waiting requests the coming step may admit (they sample in its verify pass)."""
+        ``joining``: the waiting requests the coming step may admit (they sample in its verify pass).
+        Returns the seconds it took (host time)."""
         t0 = time.perf_counter()
         self.proposer.release(live_ids)
         self._probs.clear()
@@ -66,7 +66,6 @@ class Speculator:
         if any(needs_plain_sampling(r) for r in running) or any(needs_plain_sampling(r) for r in joining):
             ready = []
         k = self.choose_k(len(running)) if ready else 0
-        self.last_k = k
         # A step emits up to k + 1 tokens: never past max_len (prompt + max_tokens, max_model_len).
         ks = [max(0, min(k, r.max_len - r.num_tokens - 1)) for r in ready]
         if any(ks):
@@ -75,7 +74,8 @@ class Speculator:
                 request.spec_token_ids = tokens
                 if probs is not None:
                     self._probs[rid] = probs
-        self.last_propose_s = time.perf_counter() - t0
+        self._propose_s = time.perf_counter() - t0
+        return self._propose_s
 
     def draft_probs(self, scheduled: list[ScheduledRequest]) -> torch.Tensor | None:
         """q of every draft token of this step, in order ([num_draft_tokens, vocab]), or None."""
@@ -92,10 +92,17 @@ class Speculator:
             rows.append(q[:len(s.draft_token_ids)])
         return torch.cat(rows) if rows else None
 
-    def record(self, sampling: list[ScheduledRequest], runs: list[list[int]], verify_s: float):
-        """Count what the verify step accepted; returns {request_id: [k, accepted]} for the trace."""
+    def verified(self, sampling: list[ScheduledRequest], runs: list[list[int]], verify_s: float,
+                 kv) -> dict[str, list[int]]:
+        """After a synchronous verify step was applied: roll back each request's rejected drafts (their
+        K/V slots lie past the accepted run; ``kv`` trims the blocks that held only them) and count what
+        was accepted. Returns {request_id: [k, accepted]} for the trace."""
+        for s, run in zip(sampling, runs, strict=True):
+            if s.draft_token_ids:
+                s.request.num_computed_tokens -= len(s.draft_token_ids) - (len(run) - 1)
+                kv.trim(s.request)
         return self.record_runs([s.request for s in sampling], [len(s.draft_token_ids) for s in sampling],
-                                runs, self.last_propose_s, verify_s)
+                                runs, self._propose_s, verify_s)
 
     def record_runs(self, requests: list[Request], ks: list[int], runs: list[list[int]],
                     propose_s: float, verify_s: float) -> dict[str, list[int]]:

@@ -1,28 +1,23 @@
-"""Where a decode step's time goes: aten operators counted per module, per-operator host cost, step times.
+"""What a decode step dispatches: aten operators counted per module, and replayed to time their arithmetic.
 
 Owns measurement only: counting what one engine step dispatches (a ``TorchDispatchMode``), attributing
 each operator to the innermost module running it (or to the attention backend, or to the runner
 outside the model), telling operators that compute (each launches at least one kernel on a GPU) from
-metadata-only ones (views, slices, no-op casts: no kernel), replaying the recorded operators to time
-their arithmetic, the per-operator host overhead, and median eager decode step times at given batch
-sizes. It drives an engine through its public
-step loop and leaves it with no requests; it never changes what a step computes.
+metadata-only ones (views, slices, no-op casts: no kernel), and replaying the recorded operators to time
+their arithmetic (step times and per-operator host cost: tools/step_timing.py). It drives an engine
+through its public step loop and leaves it with no requests; it never changes what a step computes.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
-import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -32,7 +27,7 @@ BACKEND = "<attention backend>"
 OUTSIDE = "<runner, outside the model>"
 
 
-def _engine(llm_or_engine):
+def engine_of(llm_or_engine):
     return getattr(llm_or_engine, "engine", llm_or_engine)
 
 
@@ -194,10 +189,10 @@ def _attributed(engine) -> Iterator[Callable[[], str]]:
             h.remove()
 
 
-_PREFIX = "profiling-"  # the requests profiling adds; it removes only these, never a user's
+PREFIX = "profiling-"  # the requests profiling adds; it removes only these, never a user's
 
 
-def _start_decode(engine, batch_size: int, prompt_len: int, max_tokens: int) -> None:
+def start_decode(engine, batch_size: int, prompt_len: int, max_tokens: int) -> None:
     """Admit ``batch_size`` requests and step until the next step is decode only (one token each)."""
     if engine.has_unfinished_requests():
         raise ValueError("the engine still has requests: profile an idle engine (finish or abort them)")
@@ -208,7 +203,7 @@ def _start_decode(engine, batch_size: int, prompt_len: int, max_tokens: int) -> 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     for i in range(batch_size):
         prompt = [(7 * i + j) % (vocab - 1) + 1 for j in range(prompt_len)]
-        engine.add_request(prompt, params, request_id=f"{_PREFIX}{i}")
+        engine.add_request(prompt, params, request_id=f"{PREFIX}{i}")
     for _ in range(4 * batch_size * prompt_len + 4):
         engine.step()
         last = engine.trace[-1]
@@ -217,11 +212,11 @@ def _start_decode(engine, batch_size: int, prompt_len: int, max_tokens: int) -> 
     raise RuntimeError("the requests did not all reach decode; is the KV pool too small for the batch?")
 
 
-def _finish(engine) -> None:
-    engine.abort_all([rid for rid in list(engine.requests) if rid.startswith(_PREFIX)])
+def finish_decode(engine) -> None:
+    engine.abort_all([rid for rid in list(engine.requests) if rid.startswith(PREFIX)])
 
 
-def _record_step(engine, batch_size: int, keep_args: bool) -> OperatorCount:
+def record_step(engine, batch_size: int, keep_args: bool) -> OperatorCount:
     with _attributed(engine) as where, _Recorder(where, keep_args) as rec:
         engine.step()
     if engine.trace[-1].num_decode_tokens != batch_size or engine.trace[-1].num_prefill_tokens:
@@ -234,12 +229,12 @@ def record_decode_step(llm_or_engine, batch_size: int = 1, prompt_len: int = 16,
     """The aten operators one eager decode step of ``batch_size`` sequences dispatches, end to end
     (input preparation, the model, logits, sampling). ``keep_args`` also keeps their inputs for
     ``replay_times``. The engine is left with no requests."""
-    engine = _engine(llm_or_engine)
-    _start_decode(engine, batch_size, prompt_len, max_tokens=8)
+    engine = engine_of(llm_or_engine)
+    start_decode(engine, batch_size, prompt_len, max_tokens=8)
     try:
-        return _record_step(engine, batch_size, keep_args)
+        return record_step(engine, batch_size, keep_args)
     finally:
-        _finish(engine)
+        finish_decode(engine)
 
 
 @torch.inference_mode()
@@ -249,13 +244,13 @@ def replay_times(count: OperatorCount, passes: int = 15) -> list[float]:
     ``passes`` passes. In order, so each operator meets the caches as it did in the step. On a CPU
     this is the operator's C++ dispatch plus its arithmetic."""
     samples: list[list[float]] = [[] for _ in count.records]
-    _replay_pass(count, None)  # warm-up: first calls may initialise caches
+    replay_pass(count, None)  # warm-up: first calls may initialise caches
     for _ in range(passes):
-        _replay_pass(count, samples)
+        replay_pass(count, samples)
     return [statistics.median(s) for s in samples]
 
 
-def _replay_pass(count: OperatorCount, samples: list[list[float]] | None,
+def replay_pass(count: OperatorCount, samples: list[list[float]] | None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
     if any(r.func is None for r in count.records):
         raise ValueError("these operators were recorded without inputs: use keep_args=True")
@@ -265,150 +260,3 @@ def _replay_pass(count: OperatorCount, samples: list[list[float]] | None,
             r.func(*r.args, **r.kwargs)
             if samples is not None:
                 samples[i].append(clock() - t0)
-
-
-@torch.inference_mode()
-def measure_op_overhead(reps: int = 2000, repeats: int = 7) -> dict[str, float]:
-    """Seconds per call of a few everyday operators on one-element tensors, where the arithmetic is
-    nothing and only the dispatch is left (median of ``repeats`` loops of ``reps`` calls each)."""
-    x, w = torch.ones(1, 1), torch.ones(1, 1)
-    ops = {
-        "add": lambda: torch.add(x, x),
-        "mul": lambda: torch.mul(x, x),
-        "view": lambda: x.view(1),
-        "linear": lambda: torch.nn.functional.linear(x, w),
-        "to(float64)": lambda: x.to(torch.float64),
-    }
-    out = {}
-    for name, fn in ops.items():
-        samples = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            samples.append((time.perf_counter() - t0) / reps)
-        out[name] = statistics.median(samples)
-    return out
-
-
-def measure_decode_steps(llms: Sequence, batch_sizes: Sequence[int] = (1, 8, 32), num_steps: int = 20,
-                         prompt_len: int = 16, warmup: int = 2,
-                         clock: Callable[[], float] = time.perf_counter,
-                         statistic: Callable[[list[float]], float] = statistics.median,
-                         ) -> list[dict[int, float]]:
-    """Seconds of an eager decode-only engine step (the median of ``num_steps``, or ``statistic``), per
-    batch size, for each engine in ``llms``.
-
-    The engines step in turn (one step of each, then the next round), so on a noisy machine they see the
-    same load and their ratio is fair. ``clock=time.thread_time`` counts CPU time of this thread only
-    (a CPU engine; on a GPU keep wall time). Returns one {batch_size: seconds} per engine.
-    """
-    engines = [_engine(x) for x in llms]
-    result: list[dict[int, float]] = [{} for _ in engines]
-    for b in batch_sizes:
-        try:
-            for e in engines:
-                _start_decode(e, b, prompt_len, max_tokens=warmup + num_steps + 2)
-            samples: list[list[float]] = [[] for _ in engines]
-            for i in range(warmup + num_steps):
-                for e, s in zip(engines, samples, strict=True):
-                    t0 = clock()
-                    e.step()
-                    elapsed = clock() - t0
-                    if e.trace[-1].num_decode_tokens != b or e.trace[-1].num_prefill_tokens:
-                        raise RuntimeError("a timed step was not a full decode step")
-                    if i >= warmup:
-                        s.append(elapsed)
-            for r, s in zip(result, samples, strict=True):
-                r[b] = statistic(s)
-        finally:
-            for e in engines:
-                _finish(e)
-    return result
-
-
-def write_overhead_twin(model_dir: str | Path, out_dir: str | Path | None = None, width: int = 8,
-                        seed: int = 0) -> Path:
-    """A checkpoint with ``model_dir``'s architecture and layer count but every width cut to ``width``
-    (random weights): the same operators in the same order, with almost no arithmetic in them.
-
-    Timing its steps measures the per-operator host cost of *this* runner's code path, Python included.
-    Writes config.json + model.safetensors under ``out_dir`` (a new temporary directory by default).
-    """
-    from minirunner.config import ModelConfig
-    from minirunner.model.decoder import DecoderLM
-
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    # head counts stay: they decide the GQA path, so the twin dispatches exactly the same operators
-    cfg.update(hidden_size=width, intermediate_size=width, head_dim=width)
-    out = Path(tempfile.mkdtemp(prefix="minirunner-twin-") if out_dir is None else out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg))
-    torch.manual_seed(seed)
-    model = DecoderLM(ModelConfig.from_dict(cfg))
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    if cfg.get("tie_word_embeddings"):
-        state.pop("lm_head.weight", None)
-    save_file(state, str(out / "model.safetensors"))
-    return out
-
-
-@dataclass(frozen=True)
-class EagerCalibration:
-    """Figures that feed the launch simulator, measured side by side on this machine (seconds)."""
-
-    batch_size: int
-    num_ops: int                 # operators one decode step dispatches (the real model)
-    host_per_op: float           # the twin's step time / its operator count
-    kernel_times: tuple[float, ...]  # per operator: replay on the real inputs minus on the twin's
-    measured_step: float         # the real model's median decode step
-    twin_step: float             # the twin's median decode step
-
-    @property
-    def compute(self) -> float:
-        return sum(self.kernel_times)
-
-
-def calibrate_eager(llm, twin_llm, batch_size: int = 1, rounds: int = 10, steps_per_round: int = 2,
-                    prompt_len: int = 16, clock: Callable[[], float] = time.thread_time,
-                    statistic: Callable[[list[float]], float] = min) -> EagerCalibration:
-    """Measure the inputs of the eager model of one decode step, and the step itself, side by side.
-
-    ``twin_llm`` serves ``write_overhead_twin(...)`` of ``llm``'s model with the same engine settings.
-    Each round replays both recorded steps once and times ``steps_per_round`` real steps of each
-    engine, so every figure sees the same load. Each figure is the fastest of its samples (``statistic``
-    may be ``statistics.median`` instead): on a shared machine noise only ever adds time. The default
-    ``clock`` is ``time.thread_time``, the CPU time of this thread, so time spent descheduled in favour
-    of other programs does not count (pass ``time.perf_counter`` for wall time; at the small batches
-    calibrated here the step runs on this one thread).
-    """
-    engines = [_engine(llm), _engine(twin_llm)]
-    try:
-        for e in engines:
-            _start_decode(e, batch_size, prompt_len, rounds * steps_per_round + 4)
-        real_ops, twin_ops = (_record_step(e, batch_size, keep_args=True) for e in engines)
-        if [r.name for r in real_ops.records] != [r.name for r in twin_ops.records]:
-            raise RuntimeError("the twin dispatched different operators; build it with "
-                               "write_overhead_twin from the same model directory")
-        replays: list[list[list[float]]] = [[[] for _ in c.records] for c in (real_ops, twin_ops)]
-        steps: list[list[float]] = [[], []]
-        for c in (real_ops, twin_ops):
-            _replay_pass(c, None)
-        for _ in range(rounds):
-            for c, samples in zip((real_ops, twin_ops), replays, strict=True):
-                _replay_pass(c, samples, clock)
-            for _ in range(steps_per_round):
-                for e, s in zip(engines, steps, strict=True):
-                    t0 = clock()
-                    e.step()
-                    s.append(clock() - t0)
-                    if e.trace[-1].num_decode_tokens != batch_size:
-                        raise RuntimeError("a timed step was not a full decode step")
-    finally:
-        for e in engines:
-            _finish(e)
-    real_t, twin_t = ([statistic(s) for s in r] for r in replays)
-    kernels = tuple(max(0.0, a - b) for a, b in zip(real_t, twin_t, strict=True))
-    real_step, twin_step = statistic(steps[0]), statistic(steps[1])
-    return EagerCalibration(batch_size, real_ops.total, twin_step / twin_ops.total, kernels,
-                            real_step, twin_step)

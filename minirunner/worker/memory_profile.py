@@ -15,6 +15,7 @@ from minirunner.attention import make_backend
 from minirunner.config import EngineConfig, ModelConfig
 from minirunner.engine.request import Request
 from minirunner.engine.scheduler import ScheduledRequest, SchedulerOutput
+from minirunner.kv.block_table import cdiv
 from minirunner.kv.manager import KVCacheManager
 from minirunner.sampling_params import SamplingParams
 
@@ -34,9 +35,9 @@ def run_profiling_step(model, config: EngineConfig,
     mc, block = model_config, config.block_size
     tokens = min(config.max_num_batched_tokens, config.max_num_seqs * config.max_model_len)
     num_seqs = max(1, min(config.max_num_seqs, tokens))
-    per_seq = -(-tokens // num_seqs)
+    per_seq = cdiv(tokens, num_seqs)
     lens = [per_seq] * (tokens // per_seq) + ([tokens % per_seq] if tokens % per_seq else [])
-    num_blocks = sum(-(-n // block) for n in lens)
+    num_blocks = sum(cdiv(n, block) for n in lens)
     backend = make_backend(config, mc)
     runner = ModelRunner(model, backend, num_blocks, block, len(lens), tokens, config.max_model_len)
     kv = KVCacheManager(num_blocks, block, enable_prefix_caching=False)

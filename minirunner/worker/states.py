@@ -1,7 +1,8 @@
 """Persistent per-request rows of the model runner (MRv2's request state): each running request's
 block-table row and sampling parameters, kept across steps so a step writes only what changed.
 
-Owns row assignment (a free list that doubles when full), appending new block ids to a row, and rewriting
+Owns row assignment (a free list that doubles when full) and is the only writer of block-table rows:
+appending new block ids to a row, and rewriting
 a row when its block table was replaced (preemption) or edited (copy-on-write, rolled-back drafts).
 Never allocates KV blocks and never touches device tensors.
 """
