@@ -47,11 +47,3 @@ def monte_carlo_tokens_per_step(alpha: float, k: int, num_steps: int, seed: int 
     accept = rng.random((num_steps, k)) < alpha
     accepted = np.cumprod(accept, axis=1).sum(axis=1) if k else np.zeros(num_steps)
     return float((accepted + 1).mean())
-
-
-def acceptance_from_counts(num_accepted: int, num_tested: int) -> float:
-    """Maximum-likelihood alpha from a run: accepted drafts / drafts the target actually tested (a step
-    tests its drafts up to and including the first rejection)."""
-    if num_tested <= 0:
-        raise ValueError("no draft tokens were tested yet")
-    return num_accepted / num_tested
