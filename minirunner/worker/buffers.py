@@ -5,7 +5,7 @@ so it is never reallocated), every write into them — host arrays staged throug
 without blocking, device tensors copied on the device (a step scheduled ahead), padding rows included —
 and the attention-metadata views a graph step reads. Every row of a graph step's bucket is written each
 step (padding rows: token 0, position 0, slot -1, seq_len 0, block-table row 0, greedy), so no step reads
-a stale tail. It never decides what goes in (input preparation in model_runner.py does) and never runs
+a stale tail. It never decides what goes in (input preparation, worker/input_batch.py, does) and never runs
 the model.
 """
 
