@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from minirunner import LLM, SamplingParams
-from minirunner.detokenizer import IncrementalDetokenizer
+from minirunner.engine.detokenizer import IncrementalDetokenizer
 
 
 def detok_cost(tokenizer, token_ids: list[int], repeats: int = 3) -> dict:

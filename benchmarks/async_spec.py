@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from minirunner import LLM, SamplingParams
-from minirunner.bench import environment
-from minirunner.bench.workloads import make_workload
+from minirunner.tools.bench import environment
+from minirunner.tools.bench.workloads import make_workload
 
 ENGINES = ("async", "synchronous", "plain")
 

@@ -1,6 +1,6 @@
 """The CPU headline figures, each side by side in one process and repeated: minirunner vs transformers
 ``generate`` at batch 1 and on 64 ragged requests, and paged vs contiguous KV at equal memory on the
-ShareGPT-like workload. Every repeat runs ``minirunner.bench.run_bench`` (the ``minirunner bench``
+ShareGPT-like workload. Every repeat runs ``minirunner.tools.bench.run_bench`` (the ``minirunner bench``
 command); this script only repeats it, keeps the median, and writes JSON + plots.
 
     python benchmarks/cpu_headlines.py --repeats 3 --out benchmarks/results
@@ -15,7 +15,7 @@ import json
 import statistics
 from pathlib import Path
 
-from minirunner.bench import environment, format_table, plot_report, run_bench
+from minirunner.tools.bench import environment, format_table, plot_report, run_bench
 
 # The paper's Table 1: a 12 GB KV budget for OPT-13B holds 7 reservations of its 2048-token limit.
 # Scaled to the embedded model's 256 tokens: 7 x 256 slots. Block size scaled with the lengths (16 x

@@ -1,7 +1,7 @@
 """Engine throughput: what continuous batching and prefix caching buy, measured side by side in one run.
 
 Prints a table and writes JSON (``--out``). Figures are for the machine it runs on; on a CPU they show the
-runner's behaviour, not GPU speed. Every run goes through ``minirunner.bench.run_minirunner``. Usage:
+runner's behaviour, not GPU speed. Every run goes through ``minirunner.tools.bench.run_minirunner``. Usage:
     python benchmarks/engine_throughput.py [--model DIR] [--out benchmarks/results/engine_cpu.json]
 """
 
@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 
 from minirunner import LLM
-from minirunner.bench import Workload, environment, run_minirunner
+from minirunner.tools.bench import Workload, environment, run_minirunner
 
 
 def main() -> None:

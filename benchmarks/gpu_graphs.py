@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_serving import QWEN3_06B, TINY, build_model  # noqa: E402
 
 from minirunner import LLM, SamplingParams  # noqa: E402
+from minirunner.worker.cudagraph import GraphKey, GraphKind  # noqa: E402
 
 BATCHES = (1, 8, 64)
 PROMPT_LEN = 32
@@ -119,7 +120,7 @@ def main() -> None:
                   f"{weight_bytes / step_s / 1e9:.0f} GB/s = {report['roofline_batch1']['fraction']:.0%} of "
                   f"the measured copy bandwidth {bw:.0f} GB/s", flush=True)
             runner = graph_llm.engine.runner
-            graph, _ = runner.graphs._graphs[(1, "greedy", 1)]
+            graph = runner.graphs.cuda_graph(GraphKey(1, GraphKind.GREEDY))
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")
             try:

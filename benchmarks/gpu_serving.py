@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minirunner import LLM  # noqa: E402
-from minirunner.bench import make_workload, run_minirunner, run_transformers  # noqa: E402
+from minirunner.tools.bench import make_workload, run_minirunner, run_transformers  # noqa: E402
 
 # Qwen3-0.6B's shape (its config.json); the weights are random.
 QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,

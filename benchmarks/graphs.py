@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from minirunner import LLM, SamplingParams
-from minirunner.bench import environment
+from minirunner.tools.bench import environment
 
 BATCHES = (1, 8, 32)
 PROMPT_LEN = 16

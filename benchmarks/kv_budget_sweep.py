@@ -1,6 +1,6 @@
 """Paged vs contiguous KV on the ShareGPT-like workload across KV budgets: how the throughput ratio and
 the peak-sequence ratio move with the memory the two layouts share. Each budget runs both layouts in one
-process (``minirunner.bench.run_bench`` with ``--compare contiguous``), repeated; medians are kept.
+process (``minirunner.tools.bench.run_bench`` with ``--compare contiguous``), repeated; medians are kept.
 
     python benchmarks/kv_budget_sweep.py --repeats 3 --out benchmarks/results
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from cpu_headlines import BLOCK, COMPARISONS, MAX_MODEL_LEN, command_line, spread
 
-from minirunner.bench import environment, run_bench
+from minirunner.tools.bench import environment, run_bench
 
 
 def main() -> None:

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from minirunner.assets import default_model_dir
-from minirunner.bench import environment
 from minirunner.config import ModelConfig
+from minirunner.tools.bench import environment
 
 
 def layer_shapes(cfg: ModelConfig) -> list[tuple[int, int]]:

@@ -16,7 +16,7 @@ import json
 import statistics
 from pathlib import Path
 
-from minirunner.bench import environment, format_table, run_bench
+from minirunner.tools.bench import environment, format_table, run_bench
 
 WORKLOADS = ("text", "repetitive")
 METHODS = ("draft_model", "ngram")

@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
     _engine_options(gen)
 
-    from minirunner.bench import COMPARE, WORKLOADS
+    from minirunner.tools.bench import COMPARE, WORKLOADS
 
     bench = sub.add_parser(
         "bench", formatter_class=fmt, help="benchmark a seeded workload (optionally side by side)",
@@ -178,7 +178,7 @@ def _generate(args) -> int:
 
 
 def _bench(args) -> int:
-    from minirunner.bench import format_table, plot_report, run_bench, write_json
+    from minirunner.tools.bench import format_table, plot_report, run_bench, write_json
 
     try:
         report = run_bench(workload=args.workload, num_requests=args.num_requests,

@@ -152,16 +152,16 @@ class EngineConfig:
     kv_layout: str = "paged"  # "paged" | "contiguous" (reserve max_model_len) | "contiguous_exact"
     trace_block_tables: bool = False
     num_threads: int | str | None = "auto"  # CPU only: torch threads ("auto": see LLMEngine)
-    graph_mode: str = "none"  # "auto" | "none" | "cuda" | "compile" (minirunner/graphs.py); validate resolves
-    cudagraph_capture_sizes: list[int] | None = None  # the bucket ladder (None: graphs.capture_sizes)
-    speculative_config: dict | None = None  # parsed by minirunner.spec.config.SpeculativeConfig
-    async_scheduling: bool = False  # draft-model steps scheduled one step ahead (spec/async_loop.py)
+    graph_mode: str = "none"  # "auto" | "none" | "cuda" | "compile": resolve_graph_mode
+    cudagraph_capture_sizes: list[int] | None = None  # the bucket ladder (None: cudagraph.capture_sizes)
+    speculative_config: dict | None = None  # parsed by minirunner.spec_decode.config.SpeculativeConfig
+    async_scheduling: bool = False  # draft-model steps scheduled one step ahead (spec_decode/async_loop.py)
     tokenizer: str | None = None  # a tokenizer directory other than the model's (vLLM's `tokenizer`)
     tokenizer_mode: str = "auto"  # "auto" / "hf": the fast tokenizer when there is one; "slow"
     max_logprobs: int = 20  # the most logprobs / prompt_logprobs a request may ask for (vLLM's default)
 
     def validate(self, model_config: ModelConfig) -> None:
-        from minirunner.graphs import capture_sizes, resolve_graph_mode
+        from minirunner.worker.cudagraph import capture_sizes
 
         self.graph_mode = resolve_graph_mode(self.graph_mode, self.device)
         if self.graph_mode == "compile" and self.attention_backend not in ("auto", "torch"):
@@ -204,3 +204,18 @@ class EngineConfig:
                              "window never applies")
         if self.cudagraph_capture_sizes is not None:
             self.cudagraph_capture_sizes = capture_sizes(self.max_num_seqs, self.cudagraph_capture_sizes)
+
+
+GRAPH_MODES = ("auto", "none", "cuda", "compile")
+
+
+def resolve_graph_mode(graph_mode: str, device: torch.device) -> str:
+    """``auto``: cuda on a CUDA device, none on a CPU (compile is opt-in: it costs seconds per bucket)."""
+    if graph_mode not in GRAPH_MODES:
+        raise ValueError(f"graph_mode must be one of {list(GRAPH_MODES)}, got {graph_mode!r}")
+    if graph_mode == "auto":
+        return "cuda" if device.type == "cuda" else "none"
+    if graph_mode == "cuda" and device.type != "cuda":
+        raise ValueError("graph_mode='cuda' needs a CUDA device; on a CPU use graph_mode='compile' "
+                         "(torch.compile per bucket) or 'none'")
+    return graph_mode

@@ -2,7 +2,7 @@
 
 Owns turning user arguments into an EngineConfig, submitting a batch, driving the engine until it is
 done, streaming, chat, and the profiler around the steps. Every prompt of a call is validated before
-any is run (minirunner/input_processor.py): a bad one raises ValueError naming its index, and nothing
+any is run (minirunner/engine/input_processor.py): a bad one raises ValueError naming its index, and nothing
 was started, so nothing is lost. vLLM arguments that are not ours are checked in minirunner/llm_args.py.
 """
 
@@ -22,9 +22,9 @@ from tqdm.auto import tqdm
 
 from minirunner.assets import default_model_dir
 from minirunner.config import EngineConfig, ModelConfig, parse_dtype
-from minirunner.engine import LLMEngine
+from minirunner.engine.engine import LLMEngine
+from minirunner.engine.input_processor import split_prompts, validate_batch
 from minirunner.generation_config import sampling_defaults
-from minirunner.input_processor import split_prompts, validate_batch
 from minirunner.llm_args import (
     check_named_vllm_args,
     check_vllm_kwargs,
@@ -81,7 +81,7 @@ class LLM:
         bucket ladder (default [1, 2, 4, 8] then multiples of 8 up to max_num_seqs).
         ``async_scheduling=True`` (with a draft-model ``speculative_config`` and graphs): a steady batch's
         next speculative step is launched before the host reads this one's accepted tokens
-        (minirunner/spec/async_loop.py); the tokens are those of the synchronous engine.
+        (minirunner/spec_decode/async_loop.py); the tokens are those of the synchronous engine.
         The keyword-only arguments are vLLM's, with vLLM's meaning (README: the LLM(...) table);
         ``generation_config``: "auto" takes default sampling parameters from the model's
         generation_config.json, "vllm" ignores it. Other vLLM arguments go to llm_args.py."""
@@ -275,7 +275,7 @@ class LLM:
 
     # -- introspection --------------------------------------------------------------------------
     def get_step_trace(self) -> list[dict]:
-        """One dict per engine step (see ``minirunner.trace.StepTrace``; the last 10,000 steps): plain
+        """One dict per engine step (see ``minirunner.engine.trace.StepTrace``; the last 10,000 steps): plain
         data for plots."""
         return [asdict(t) for t in self.engine.trace]
 

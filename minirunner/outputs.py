@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from minirunner.engine.request import Request
     from minirunner.logprobs import Logprob
-    from minirunner.request import Request
 
 # vLLM's shapes: one {token id: Logprob} per token; prompt logprobs start with None (first token).
 SampleLogprobs = list[dict[int, "Logprob"]]

@@ -3,7 +3,7 @@
 Owns the range checks of every field (a bad value raises ValueError naming the field and the fix), and
 accepting every other field of vLLM's SamplingParams at its default value (a non-default value of a field
 we do not implement raises ValueError naming it). Checks that need the model (token ids inside the
-vocabulary, ``max_logprobs``, bad words' tokens) happen at admission (minirunner/input_processor.py).
+vocabulary, ``max_logprobs``, bad words' tokens) happen at admission (minirunner/engine/input_processor.py).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class SamplingParams:
     repetition_detection: Any = field(default=None, repr=False)
     routed_experts_prompt_start: int = field(default=0, repr=False)
     trace_decode_token_ids: list[int] | None = field(default=None, repr=False)
-    # Set at admission (minirunner/input_processor.py) on the engine's own copy: each bad word's token
+    # Set at admission (minirunner/engine/input_processor.py) on the engine's own copy: each bad word's token
     # ids, with and without a leading space.
     bad_words_token_ids: list[list[int]] | None = field(default=None, init=False, repr=False,
                                                          compare=False)

@@ -192,7 +192,7 @@ def make_bucket_task(reference: Callable[[int, Sequence[int]], int | None], seed
                      num_cases: int = 40) -> ImplementIt:
     """Implement it: ``bucket_for(batch_size, sizes)``, the smallest captured size that holds the batch
     (``sizes`` sorted), or None when none does and the step runs eager. ``reference`` is the runner's own
-    (``minirunner.graphs.bucket_for``), passed in."""
+    (``minirunner.worker.cudagraph.bucket_for``), passed in."""
     rng = random.Random(seed)
     cases: list[dict] = [{"batch_size": 17, "sizes": [1, 2, 4, 8, 16, 24, 32]},
                          {"batch_size": 8, "sizes": [1, 2, 4, 8, 16]},

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from tiny_models import make_tiny_model
 
-from minirunner.bench.workloads import DISTRIBUTIONS, PAPER_MAX_LEN, make_workload
+from minirunner.tools.bench.workloads import DISTRIBUTIONS, PAPER_MAX_LEN, make_workload
 
 
 def test_workloads_are_seeded_and_fit():
@@ -87,7 +87,7 @@ def test_bench_cli_report(model_dir, tmp_path):
 
 def test_text_workloads_encode_the_passages_and_need_a_tokenizer():
     from minirunner import LLM
-    from minirunner.bench.workloads import REPETITIVE_PROMPTS
+    from minirunner.tools.bench.workloads import REPETITIVE_PROMPTS
 
     tok = LLM().get_tokenizer()
     w = make_workload("repetitive", 6, 1024, 256, output_len=(20, 20), tokenizer=tok)
@@ -100,7 +100,7 @@ def test_text_workloads_encode_the_passages_and_need_a_tokenizer():
 def test_bench_speculative_side_by_side():
     """A speculative run beside plain decoding, transformers generate and transformers' assisted
     generation (its n-gram prompt lookup), on the embedded model and the repetitive text workload."""
-    from minirunner.bench import format_table, run_bench
+    from minirunner.tools.bench import format_table, run_bench
 
     report = run_bench(workload="repetitive", num_requests=2, output_len=(16, 16), max_num_seqs=1,
                        device="cpu", hf_batch_size=1, warmup="workload",
@@ -126,7 +126,7 @@ def test_bench_speculative_side_by_side():
 
 
 def test_bench_refuses_an_unknown_warmup():
-    from minirunner.bench import run_bench
+    from minirunner.tools.bench import run_bench
 
     with pytest.raises(ValueError, match="warmup"):
         run_bench(num_requests=1, warmup="long")

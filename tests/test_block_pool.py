@@ -9,9 +9,9 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from minirunner.engine.request import Request
 from minirunner.kv import BlockPool, KVCacheManager
 from minirunner.kv.block_pool import chain_hash
-from minirunner.request import Request
 from minirunner.sampling_params import SamplingParams
 
 BLOCK = 4

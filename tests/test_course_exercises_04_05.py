@@ -7,7 +7,7 @@ import bisect
 
 import pytest
 
-from minirunner.graphs import bucket_for
+from minirunner.worker.cudagraph import bucket_for
 from simulators.buckets import padded_batch_size
 from simulators.exercises import NotImplementedYet
 from simulators.graph_exercises import (

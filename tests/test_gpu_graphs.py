@@ -14,6 +14,7 @@ import torch
 from tiny_models import make_tiny_model
 
 from minirunner import LLM, SamplingParams
+from minirunner.worker.cudagraph import GraphKey, GraphKind
 
 pytestmark = [
     pytest.mark.gpu,
@@ -64,9 +65,9 @@ def test_replay_does_not_sync_with_the_host(model_dir, backend):
     for p in _prompts(3, seed=4):
         engine.add_request(p, params)
     engine.step()  # prefills (eager)
-    engine.step()  # a graph step: captures the "filter" sampler of bucket 4 lazily, outside the check
+    engine.step()  # a graph step: the FILTER sampler of bucket 4, captured at start-up
     assert engine.trace[-1].graph == "cuda"
-    _replay_without_host_sync(runner.graphs._graphs[(4, "filter", 1)][0])
+    _replay_without_host_sync(runner.graphs.cuda_graph(GraphKey(4, GraphKind.FILTER)))
 
 
 def _replay_without_host_sync(graph) -> None:
@@ -103,8 +104,8 @@ def test_captured_verify_step_equals_eager_and_does_not_sync(model_dir, backend,
     assert [o.outputs[0].token_ids for o in graphs.generate(prompts, params, use_tqdm=False)] == want
     replays = [t for t in graphs.get_step_trace() if t["graph"] == "cuda" and t["num_draft_tokens"]]
     assert replays, "no verify step replayed a captured bucket"
-    key = next(k for k in graphs.engine.runner.graphs._graphs if k[2] > 1)
-    _replay_without_host_sync(graphs.engine.runner.graphs._graphs[key][0])
+    key = next(k for k in graphs.engine.runner.graphs.keys() if k.query_len > 1)
+    _replay_without_host_sync(graphs.engine.runner.graphs.cuda_graph(key))
 
 
 @pytest.mark.parametrize("backend", VERIFY_BACKENDS)

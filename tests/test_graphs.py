@@ -13,7 +13,7 @@ import torch
 from tiny_models import make_tiny_model
 
 from minirunner import LLM, SamplingParams
-from minirunner.graphs import bucket_for, capture_sizes
+from minirunner.worker.cudagraph import GraphKey, GraphKind, bucket_for, capture_sizes
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def test_compile_greedy_tokens_equal_eager_on_and_between_rungs(eager, compiled)
         cached += sum(o.metrics.num_cached_prompt_tokens for o in outs)
     assert preempted > 0, "the workload was meant to preempt"
     assert cached > 0, "the shared prefix was meant to hit the prefix cache"
-    assert {k for k, _, _ in compiled.engine.runner.graphs._steps} <= set(LADDER)  # one per bucket
+    assert {k.size for k in compiled.engine.runner.graphs.keys()} <= set(LADDER)  # one per bucket
 
 
 def test_trace_fields_say_how_each_step_ran(model_dir, compiled):
@@ -130,7 +130,7 @@ def test_sampling_with_filters_runs_inside_the_compiled_step(eager, compiled):
     got = [o.outputs[0].token_ids for o in compiled.generate(prompts, params, use_tqdm=False)]
     assert got == want
     assert any(t["graph"] == "compile" for t in compiled.get_step_trace())
-    assert (8, "filter", 1) in compiled.engine.runner.graphs._steps
+    assert GraphKey(8, GraphKind.FILTER) in compiled.engine.runner.graphs.keys()
 
 
 # -- padding rows ----------------------------------------------------------------------------------
@@ -163,9 +163,10 @@ def test_padded_step_writes_no_kv_outside_the_batch_slots_and_no_stale_tail(comp
         written = {int(b) * bs + int(o) for b, o in changed.nonzero() if int(b) != null_block}
         assert written == set(new_slots), "a step wrote K/V outside its requests' new slots"
     # Every row of the bucket was written this step: the rows the earlier 8-row step used are padding.
-    assert runner.seq_lens[5:8].eq(0).all() and runner.slot_mapping[5:8].eq(-1).all()
-    assert runner.block_tables[5:8].eq(0).all() and runner.temperatures[5:8].eq(0).all()
-    assert runner.query_start_loc[:9].tolist() == list(range(9))
+    b = runner.buffers
+    assert b.seq_lens[5:8].eq(0).all() and b.slot_mapping[5:8].eq(-1).all()
+    assert b.block_tables[5:8].eq(0).all() and b.temperatures[5:8].eq(0).all()
+    assert b.query_start_loc[:9].tolist() == list(range(9))
     for rid in ids[:5]:
         engine.abort_request(rid)
 

@@ -11,7 +11,7 @@ import pytest
 from tiny_models import make_tiny_model
 
 from minirunner import LLM, SamplingParams
-from minirunner.parallel_sampling import child_seed
+from minirunner.engine.parallel_sampling import child_seed
 
 
 @contextlib.contextmanager

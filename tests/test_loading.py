@@ -13,8 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from minirunner import LLM, SamplingParams
 from minirunner.config import ModelConfig
-from minirunner.memory_profile import kv_budget_from_profile, run_profiling_step
 from minirunner.model.loader import load_model
+from minirunner.worker.memory_profile import kv_budget_from_profile, run_profiling_step
 
 PROMPT = [5, 17, 33, 8, 61, 2, 40, 9, 11]
 
@@ -28,13 +28,11 @@ def test_half_precision_checkpoints(tmp_path, saved, run):
     assert llm.engine.model.lm_head.weight.dtype == dtype
     assert llm.engine.runner.kv_caches[0].dtype == dtype
     engine = llm.engine
-    engine.keep_logits = True
     rid = engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=1))
-    engine.step()
+    got = engine.execute_step().runner_output.first_logits()[rid]
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     with torch.no_grad():
         ref = model(torch.tensor([PROMPT])).logits[0, -1].float()
-    got = engine.last_logits[rid]
     # Same weights and dtype; only the order of floating-point operations differs.
     tol = 1e-4 if dtype == torch.float32 else 0.05 * ref.abs().max().item()
     torch.testing.assert_close(got, ref, atol=tol, rtol=0)

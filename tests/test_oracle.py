@@ -109,13 +109,10 @@ def test_prefill_and_first_decode_logits(models, name):
     path, model, _ = models[name]
     llm = LLM(str(path), dtype="float32", device="cpu", attention_backend="torch")
     engine = llm.engine
-    engine.keep_logits = True
     prompts = PROMPTS[2:6]
     ids = [engine.add_request(p, GREEDY) for p in prompts]
-    engine.step()  # prefill: logits of the first generated token
-    prefill = dict(engine.last_logits)
-    engine.step()  # first decode step
-    decode = dict(engine.last_logits)
+    prefill = engine.execute_step().runner_output.first_logits()  # logits of the first generated token
+    decode = engine.execute_step().runner_output.first_logits()  # first decode step
     for rid, p in zip(ids, prompts, strict=True):
         first = engine.requests[rid].output_token_ids[0]
         with torch.no_grad():

@@ -8,7 +8,7 @@ import pytest
 from tiny_models import make_tiny_model
 
 from minirunner import LLM, SamplingParams
-from minirunner.parallel_sampling import child_seed
+from minirunner.engine.parallel_sampling import child_seed
 
 PROMPT = [5, 17, 33, 8, 61, 2, 40, 9, 11, 70, 3]  # 11 tokens: the third 4-token block is partial
 BLOCK = 4

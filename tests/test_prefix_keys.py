@@ -12,9 +12,9 @@ import pytest
 from tiny_models import make_tiny_model
 
 from minirunner import LLM, SamplingParams
+from minirunner.engine.request import Request
 from minirunner.kv import KVCacheManager
 from minirunner.kv.block_pool import BlockPool, chain_hash
-from minirunner.request import Request
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 PROMPT = [3, 4, 5, 6] * 9  # 36 tokens: 4 full blocks of 8 and a partial one

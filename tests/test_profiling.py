@@ -6,15 +6,11 @@ import pytest
 import torch
 
 from minirunner import LLM, SamplingParams
-from minirunner.profiling import (
-    BACKEND,
-    OUTSIDE,
+from minirunner.tools.profiling import BACKEND, OUTSIDE, launches_kernel, record_decode_step, replay_times
+from minirunner.tools.step_timing import (
     calibrate_eager,
-    launches_kernel,
     measure_decode_steps,
     measure_op_overhead,
-    record_decode_step,
-    replay_times,
     write_overhead_twin,
 )
 from tests.tiny_models import make_tiny_model

@@ -10,12 +10,12 @@ from tiny_models import make_tiny_model
 
 from minirunner.attention import get_backend_class
 from minirunner.config import ModelConfig
+from minirunner.engine.request import Request
+from minirunner.engine.scheduler import ScheduledRequest
 from minirunner.kv.manager import KVCacheManager
 from minirunner.model.loader import load_model
-from minirunner.request import Request
-from minirunner.runner import ModelRunner
 from minirunner.sampling_params import SamplingParams
-from minirunner.scheduler import ScheduledRequest
+from minirunner.worker.model_runner import ModelRunner
 
 BLOCK = 4
 

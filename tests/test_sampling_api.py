@@ -13,7 +13,7 @@ import torch
 from tiny_models import make_tiny_model
 
 from minirunner import LLM, SamplingParams
-from minirunner.logits_processing import LogitsBatch, apply_logits_processors
+from minirunner.worker.logits_processing import LogitsBatch, apply_logits_processors
 
 PROMPTS = [[5, 17, 33, 8, 61], [40, 9, 11, 3, 3, 3, 70, 22, 5, 6, 7, 81, 12], [90, 4]]
 
@@ -151,7 +151,7 @@ def test_per_request_values_batched_equal_alone(models):
     for i in range(3):
         alone = llm.generate([PROMPTS[i]], params[i], use_tqdm=False)[0]
         assert alone.outputs[0].token_ids == together[i].outputs[0].token_ids
-    assert llm.engine.runner.logits_processors.penalties.rows == {}, "finished requests keep rows"
+    assert llm.engine.runner.sampler.logits_processors.penalties.rows == {}, "finished requests keep rows"
 
 
 @pytest.mark.parametrize("kwargs, words", [

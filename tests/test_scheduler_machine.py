@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from minirunner.engine.parallel_sampling import child_id, fork_children
+from minirunner.engine.request import Request
+from minirunner.engine.scheduler import Scheduler
 from minirunner.kv.manager import KVCacheManager
-from minirunner.parallel_sampling import child_id, fork_children
-from minirunner.request import Request
 from minirunner.sampling_params import SamplingParams
-from minirunner.scheduler import Scheduler
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -110,7 +110,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             for token in run:
                 request.append_token(token)
                 if request.fork_children:
-                    fork_children(request, self.kv, self.scheduler)
+                    self.scheduler.add_forked(fork_children(request, self.kv))
                 if request.num_tokens >= request.max_len:
                     request.finish("length")
                     self.scheduler.finish(request)

@@ -1,5 +1,5 @@
-"""Speculative steps scheduled one step ahead (async_scheduling=True, spec/async_loop.py) on a CPU under
-graph_mode="compile": the tokens are the synchronous engine's (greedy: plain greedy decoding; seeded
+"""Speculative steps scheduled one step ahead (async_scheduling=True, spec_decode/async_loop.py) on a
+CPU under graph_mode="compile": the tokens are the synchronous engine's (greedy: plain greedy decoding; seeded
 sampling: the synchronous speculative run) with stops that land one step late, a tiny KV budget
 (preemption), prefix caching and an abort in the middle of a run; both pools stay consistent and are empty
 at the end; unverified tokens never enter the prefix cache. Misconfigurations are refused.

@@ -1,5 +1,5 @@
 """Speculative config validation (clear ValueErrors), n-gram prompt lookup, and the formulas of
-minirunner.spec.math against a Monte Carlo simulation."""
+minirunner.spec_decode.math against a Monte Carlo simulation."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from tiny_models import make_tiny_model
 from minirunner import LLM
 from minirunner.assets import default_draft_dir, default_model_dir
 from minirunner.config import ModelConfig
-from minirunner.spec.config import SpeculativeConfig
-from minirunner.spec.math import (
+from minirunner.spec_decode.config import SpeculativeConfig
+from minirunner.spec_decode.math import (
     best_k,
     expected_tokens_per_step,
     monte_carlo_tokens_per_step,
     walltime_factor,
 )
-from minirunner.spec.ngram import ngram_propose
+from minirunner.spec_decode.ngram import ngram_propose
 
 TARGET = default_model_dir()
 TARGET_CONFIG = ModelConfig.from_dir(TARGET)

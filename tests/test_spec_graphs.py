@@ -13,6 +13,7 @@ import pytest
 from test_spec_decode import _prompts, _spec, pair  # noqa: F401  (pair is a fixture)
 
 from minirunner import LLM, SamplingParams
+from minirunner.worker.cudagraph import GraphKey, GraphKind
 
 K = 2
 COMMON = dict(device="cpu", attention_backend="torch", block_size=4, max_num_seqs=2)
@@ -43,14 +44,14 @@ def test_compiled_verify_step_gives_the_eager_tokens(pair, method):  # noqa: F81
     assert any(t["num_padded_rows"] == 1 for t in replays), "no padded verify replay"
     assert all(t["bucket_size"] == 2 for t in replays)
     # greedy drafts carry one-hot q (a greedy draft pass takes the argmax): the one-hot verify kind
-    assert (2, "verify_onehot", K + 1) in compiled.engine.runner.graphs._steps
+    assert GraphKey(2, GraphKind.VERIFY_ONEHOT, K + 1) in compiled.engine.runner.graphs.keys()
     if method == "draft_model":  # the draft's one-token passes replay too
         draft_runner = compiled.engine.spec.proposer.runner
-        assert (2, "greedy", 1) in draft_runner.graphs._steps
+        assert GraphKey(2, GraphKind.GREEDY) in draft_runner.graphs.keys()
 
     # Sampling: noise keyed by (seed, position) makes the compiled run's tokens those of eager.
     sampled = SamplingParams(temperature=0.9, seed=7, max_tokens=14, ignore_eos=True)
     assert _tokens(compiled, prompts, sampled) == _tokens(eager, prompts, sampled)
     assert _verify_replays(compiled)
     if method == "draft_model":  # sampled drafts: q from the static buffer
-        assert (2, "verify", K + 1) in compiled.engine.runner.graphs._steps
+        assert GraphKey(2, GraphKind.VERIFY, K + 1) in compiled.engine.runner.graphs.keys()

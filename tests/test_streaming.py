@@ -7,7 +7,7 @@ import pytest
 from tiny_models import add_tokenizer, make_tiny_model
 
 from minirunner import LLM, SamplingParams
-from minirunner.detokenizer import IncrementalDetokenizer
+from minirunner.engine.detokenizer import IncrementalDetokenizer
 
 MULTIBYTE = "naïve café — 日本語 🙂 ok ü 🚀"
 

@@ -18,7 +18,7 @@ import torch
 from tiny_models import add_tokenizer, make_tiny_model
 
 from minirunner import LLM, SamplingParams
-from minirunner.detokenizer import IncrementalDetokenizer
+from minirunner.engine.detokenizer import IncrementalDetokenizer
 from minirunner.sampling_params import _DEFAULT_ONLY, RequestOutputKind
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -375,8 +375,8 @@ def test_bench_transformers_baseline_prints_no_generation_warnings(tiny, tmp_pat
          "temperature": 0.8, "top_p": 0.95, "do_sample": True}))
     script = (
         "import sys, torch\n"
-        "from minirunner.bench.run import run_transformers\n"
-        "from minirunner.bench.workloads import make_workload\n"
+        "from minirunner.tools.bench.run import run_transformers\n"
+        "from minirunner.tools.bench.workloads import make_workload\n"
         "w = make_workload('nano', 4, 96, 64, input_len=(4, 8), output_len=(3, 6))\n"
         "r = run_transformers(sys.argv[1], w, 2, torch.float32, torch.device('cpu'))\n"
         "print(r.output_tokens == w.num_output_tokens)\n")

@@ -52,5 +52,14 @@ def get_backend_class(name: str) -> type[AttentionBackend]:
                          "use attention_backend='torch'") from e
 
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "BACKENDS", "get_backend_class",
+def make_backend(config, model_config) -> AttentionBackend:
+    """The attention backend an engine's config chooses, for a model of ``model_config`` (the target's
+    and the draft's alike, and the KV profiler's throwaway one): the one place it is constructed."""
+    mc = model_config
+    cls = get_backend_class(resolve_backend_name(config.attention_backend, config.device))
+    return cls(mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5, config.block_size,
+               config.device, config.dtype)
+
+
+__all__ = ["AttentionBackend", "AttentionMetadata", "BACKENDS", "get_backend_class", "make_backend",
            "resolve_backend_name"]

@@ -18,93 +18,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from minirunner.attention.base import AttentionBackend
 from minirunner.attention.metadata import AttentionMetadata
-
-
-def slot_rows(slot_mapping: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
-    """Rows of the cache viewed as [num_blocks * 2 * block_size, H_kv, D] where each slot's K and V go:
-    int64 [2 * num_tokens], the K rows then the V rows. Slot -1 lands in the last block's last slot
-    (floor division gives block -1, offset block_size - 1; negative rows wrap), i.e. the null block."""
-    n, bs = kv_cache.shape[0], kv_cache.shape[2]
-    blocks = torch.div(slot_mapping, bs, rounding_mode="floor")
-    k_rows = blocks * (2 * bs) + (slot_mapping - blocks * bs)
-    return torch.cat((k_rows, k_rows + bs)).remainder(n * 2 * bs)
-
-
-def store_kv_padded(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                    slot_mapping: torch.Tensor, rows: torch.Tensor | None = None) -> None:
-    """Write k, v at their slots with one copy and no host sync; slot -1 rows land in the null block.
-
-    k, v: [num_tokens, num_kv_heads, head_dim]; kv_cache: [num_blocks + 1, 2, block_size, num_kv_heads,
-    head_dim] (contiguous) whose last block is scratch; slot_mapping: int64 [num_tokens]; rows: the
-    slots' :func:`slot_rows`, when already computed for this step.
-    """
-    n, _, bs, h, d = kv_cache.shape
-    if rows is None:
-        rows = slot_rows(slot_mapping, kv_cache)
-    kv = torch.cat((k, v))
-    if kv.dtype != kv_cache.dtype:
-        kv = kv.to(kv_cache.dtype)
-    kv_cache.view(n * 2 * bs, h, d).index_copy_(0, rows, kv)
-
-
-def gather_rows(block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Cache rows (as in :func:`slot_rows`) of every K slot the block tables reach, in order, then the
-    same for V: int64 [2, num_seqs, num_blocks_per_seq * block_size] (V rows = K rows + block_size)."""
-    offsets = torch.arange(block_size, device=block_tables.device)
-    k_rows = (block_tables.long()[:, :, None] * (2 * block_size) + offsets).flatten(1)
-    return torch.stack((k_rows, k_rows + block_size))
-
-
-def _gather(kv_cache: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype):
-    """K and V at the given :func:`gather_rows`: two [num_seqs, num_kv_heads, L, head_dim] views in
-    ``dtype``. index_select copies whole rows (H_kv x D values each), much faster than fancy indexing."""
-    n, _, bs, h, d = kv_cache.shape
-    _, s, length = rows.shape
-    kv = kv_cache.view(n * 2 * bs, h, d).index_select(0, rows.view(-1)).view(2, s, length, h, d)
-    if kv.dtype != dtype:
-        kv = kv.to(dtype)
-    return kv[0].transpose(1, 2), kv[1].transpose(1, 2)
-
-
-def paged_decode_vectorized(q: torch.Tensor, kv_cache: torch.Tensor, k_rows: torch.Tensor,
-                            key_mask: torch.Tensor, row_valid: torch.Tensor | None,
-                            scale: float) -> torch.Tensor:
-    """One query token per sequence, all sequences in one SDPA call.
-
-    q: [num_seqs, num_q_heads, head_dim]; k_rows: int64 [2, num_seqs, L] (:func:`gather_rows` of the
-    block-table columns covering the longest sequence); key_mask: bool [num_seqs, 1, 1, L] (True =
-    attend); row_valid: [num_seqs, 1, 1] in q's dtype (0 for padding rows, whose output must be zeros) or
-    None when there are none. Returns [num_seqs, num_q_heads, head_dim].
-    """
-    s, hq, d = q.shape
-    k, v = _gather(kv_cache, k_rows, q.dtype)
-    hkv = k.shape[1]
-    # [S, Hkv, G, D]: the G query heads sharing a KV head act as G query rows of that head.
-    out = F.scaled_dot_product_attention(q.reshape(s, hkv, hq // hkv, d), k, v, attn_mask=key_mask,
-                                         scale=scale)
-    out = out.reshape(s, hq, d)
-    return out if row_valid is None else out * row_valid
-
-
-def paged_prefill_vectorized(q_pad: torch.Tensor, kv_cache: torch.Tensor, k_rows: torch.Tensor,
-                             mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """Ragged queries padded to one length, causal over each sequence's cached prefix + new tokens.
-
-    q_pad: [num_seqs, max_q, num_q_heads, head_dim]; k_rows: int64 [2, num_seqs, L]; mask: bool
-    [num_seqs, 1, max_q * G, L] with row i * G + g for query token i and head g of a group
-    (G = num_q_heads // num_kv_heads). Returns [num_seqs, max_q, num_q_heads, head_dim].
-    """
-    s, mq, hq, d = q_pad.shape
-    k, v = _gather(kv_cache, k_rows, q_pad.dtype)
-    hkv = k.shape[1]
-    g = hq // hkv
-    q5 = q_pad.view(s, mq, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(s, hkv, mq * g, d)
-    out = F.scaled_dot_product_attention(q5, k, v, attn_mask=mask, scale=scale)
-    return out.view(s, hkv, mq, g, d).permute(0, 2, 1, 3, 4).reshape(s, mq, hq, d)
+from minirunner.attention.torch_ops import (
+    gather_rows,
+    paged_decode_vectorized,
+    paged_prefill_vectorized,
+    slot_rows,
+    store_kv_padded,
+)
+from minirunner.kv.block_table import cdiv
 
 
 @dataclass(slots=True)
@@ -216,7 +140,7 @@ class TorchAttentionBackend(AttentionBackend):
         self._prefill = [_PrefillGroup(None, None, n, q_len, rows, mask)]
 
     def _columns(self, max_len: int) -> int:
-        return max(1, -(-int(max_len) // self.block_size))
+        return max(1, cdiv(int(max_len), self.block_size))
 
     def _length_groups(self, seq_lens: np.ndarray,
                        query_lens: np.ndarray | None = None) -> list[np.ndarray]:

@@ -1,8 +1,34 @@
-"""BlockTable: one request's logical -> physical block mapping, and the slots its tokens live in."""
+"""BlockTable: one request's logical -> physical block mapping; the slot formula and ceiling division.
+
+Owns the one slot formula (``slot_of``: slot of token ``pos`` = block_table[pos // B] * B + pos % B) and
+the one ceiling division (``cdiv``) of the runner; everything else that needs either calls these. It
+never allocates blocks (the BlockPool does).
+"""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division for non-negative ints: the blocks that ``a`` tokens fill at ``b`` per block."""
+    return -(-a // b)
+
+
+def slot_of(tables, positions, block_size: int, rows=None):
+    """The KV slot of every position: block_table[pos // B] * B + pos % B (int64).
+
+    tables: numpy or torch int [R, max_blocks]. With ``rows`` (int, one per position): position i reads
+    table row rows[i]. Without: positions is [R, q] and row i's positions read table row i (a gather,
+    on the device for torch)."""
+    col = positions // block_size
+    if isinstance(tables, torch.Tensor):
+        block = (tables[rows, col] if rows is not None else tables.gather(1, col)).long()
+    else:
+        block = (tables[rows, col] if rows is not None
+                 else np.take_along_axis(tables, col, 1)).astype(np.int64)
+    return block * block_size + positions % block_size
 
 
 class BlockTable:
@@ -29,18 +55,13 @@ class BlockTable:
     def __len__(self) -> int:
         return len(self.blocks)
 
-    @property
-    def capacity(self) -> int:
-        """Tokens the table can hold without another block."""
-        return len(self.blocks) * self.block_size
-
     def blocks_needed(self, num_tokens: int) -> int:
         """Extra blocks required to hold ``num_tokens`` tokens in total."""
-        need = -(-num_tokens // self.block_size)
+        need = cdiv(num_tokens, self.block_size)
         return max(0, need - len(self.blocks))
 
     def slots(self, start: int, end: int) -> np.ndarray:
         """Slots of token positions [start, end): block_table[pos // B] * B + pos % B (int64)."""
         pos = np.arange(start, end, dtype=np.int64)
-        table = np.asarray(self.blocks, dtype=np.int64)
-        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+        table = np.asarray(self.blocks, dtype=np.int64)[None]
+        return slot_of(table, pos, self.block_size, np.zeros_like(pos))

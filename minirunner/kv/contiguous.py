@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import bisect
 
-from minirunner.kv.block_table import BlockTable
-from minirunner.request import Request
+from minirunner.engine.request import Request
+from minirunner.kv.block_table import BlockTable, cdiv
 
 
 class ContiguousPool:
@@ -95,7 +95,7 @@ class ContiguousKVManager:
         self.tables: dict[str, BlockTable] = {}
 
     def blocks_for_tokens(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return cdiv(num_tokens, self.block_size)
 
     def reservation_blocks(self, max_len: int) -> int:
         """Blocks reserved for a request that may reach max_len tokens (prompt + max_tokens, capped)."""

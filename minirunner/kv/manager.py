@@ -7,9 +7,9 @@ step; never touches KV tensors itself.
 
 from __future__ import annotations
 
+from minirunner.engine.request import Request
 from minirunner.kv.block_pool import BlockPool
-from minirunner.kv.block_table import BlockTable
-from minirunner.request import Request
+from minirunner.kv.block_table import BlockTable, cdiv
 
 
 class KVCacheManager:
@@ -26,7 +26,7 @@ class KVCacheManager:
         self.step_cached: list[tuple[str, int, int]] = []
 
     def blocks_for_tokens(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return cdiv(num_tokens, self.block_size)
 
     def reservation_blocks(self, max_len: int) -> int:
         """The most blocks a request reaching max_len tokens can hold (the last sampled token's K/V is

@@ -1,0 +1,256 @@
+"""LLMEngine: the loop — admit requests, then step: propose → schedule → execute → apply → trace.
+
+Owns the live requests and their n-way groups, admission (a request refused raises ValueError and leaves
+every other request untouched), abort (frees only that request's blocks) and the step itself. The parts
+are built once by engine/build.py; a step's results travel as return values: the runner's RunnerOutput
+(worker/runner_output.py) is applied by the OutputProcessor (engine/output_processor.py) and recorded by
+the StepTracer (engine/trace.py). With ``async_scheduling``, a steady speculative batch's steps are
+launched one step ahead by spec_decode/async_loop.py, which applies them through the same output
+processor and tracer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from minirunner.config import EngineConfig, ModelConfig
+from minirunner.engine.build import build_engine
+from minirunner.engine.detokenizer import IncrementalDetokenizer
+from minirunner.engine.input_processor import InputProcessor, ProcessedPrompt
+from minirunner.engine.output_processor import OutputProcessor
+from minirunner.engine.parallel_sampling import child_id, child_seed
+from minirunner.engine.request import Request
+from minirunner.engine.scheduler import SchedulerOutput
+from minirunner.engine.trace import StepTracer
+from minirunner.generation_config import generation_eos_ids
+from minirunner.outputs import RequestOutput, build_request_output
+from minirunner.sampling_params import SamplingParams
+from minirunner.spec_decode.async_loop import AsyncSpeculation
+from minirunner.tokenizer import load_tokenizer
+from minirunner.worker.runner_output import RunnerOutput, StepGraphInfo
+
+
+@dataclass(eq=False)
+class EngineStep:
+    """One step's results: (request, tokens appended) per request that produced a token or finished,
+    and the runner's output (None when nothing ran, or for a step launched ahead)."""
+
+    produced: list[tuple[Request, list[int]]]
+    runner_output: RunnerOutput | None = None
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig | None = None):
+        self.config = config
+        self.model_config = mc = model_config or ModelConfig.from_dir(config.model)
+        config.validate(mc)
+        self.tokenizer = load_tokenizer(config.tokenizer or config.model, config.tokenizer_mode)
+        tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
+        self.eos_token_ids = (frozenset(mc.eos_token_ids) | generation_eos_ids(config.model)
+                              | frozenset(() if tokenizer_eos is None else (tokenizer_eos,)))
+        torch.manual_seed(config.seed)
+        self._rng = random.Random(config.seed)
+        parts = build_engine(config, mc)
+        self.num_threads, self.model, self.backend = parts.num_threads, parts.model, parts.backend
+        self.num_kv_blocks, self.kv, self.block_pool = parts.num_kv_blocks, parts.kv, parts.kv.pool
+        self.scheduler, self.runner, self.spec = parts.scheduler, parts.runner, parts.spec
+        self.async_spec = None
+        if config.async_scheduling:
+            if parts.spec_config is None or parts.spec_config.method != "draft_model":
+                raise ValueError("async_scheduling schedules the draft-model speculative step one step "
+                                 "ahead: pass speculative_config={'method': 'draft_model', ...} (n-gram "
+                                 "lookup reads the accepted tokens on the host), or async_scheduling=False")
+            if not self.backend.supports_verify_graphs:
+                raise ValueError(f"async_scheduling needs an attention backend whose graph steps plan on "
+                                 f"the device (torch or triton), not {self.backend.name!r}")
+            self.async_spec = AsyncSpeculation(self)
+        self.input_processor = InputProcessor(self.tokenizer, mc.vocab_size, config.max_model_len,
+                                              config.max_logprobs, self.kv.reservation_blocks,
+                                              lambda: self.num_kv_blocks)
+        self.output_processor = OutputProcessor(self.tokenizer, self.kv)
+        self.tracer = StepTracer(self.kv, self.scheduler, config.block_size, config.trace_block_tables)
+        self.trace = self.tracer.trace
+        self.requests: dict[str, Request] = {}  # every live completion, by its own id
+        self.groups: dict[str, list[Request]] = {}  # add_request's id -> its n completions
+        self._ids = itertools.count()
+
+    # -- requests -------------------------------------------------------------------------------
+    def tokenize(self, prompt) -> list[int]:
+        """The token ids of one prompt (a string, token ids, or a vLLM prompt dict)."""
+        return self.input_processor.parse(prompt)[0]
+
+    def process_input(self, prompt, params: SamplingParams | None = None) -> ProcessedPrompt:
+        """Validate one request without queueing it (engine/input_processor.py); raises ValueError."""
+        processed = self.input_processor.process(prompt, params or SamplingParams())
+        self._check_params(processed.params)
+        return processed
+
+    def add_request(self, prompt, params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Validate and queue one request (a prompt in any of vLLM's forms, or a ProcessedPrompt);
+        returns its id. Raises ValueError (queueing nothing, every other request still served) for a
+        bad prompt or a request whose KV cannot fit in the pool even alone."""
+        if not isinstance(prompt, ProcessedPrompt):
+            prompt = self.process_input(prompt, params)
+        token_ids, params = prompt.token_ids, prompt.params
+        max_model_len = self.config.max_model_len
+        max_len = max_model_len if params.max_tokens is None else min(
+            max_model_len, len(token_ids) + params.max_tokens)
+        request_id = str(next(self._ids)) if request_id is None else request_id
+        ids = [child_id(request_id, i) for i in range(params.n)]
+        if request_id in self.groups or any(i in self.requests for i in ids):
+            raise ValueError(f"request id {request_id!r} is already in use")
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        group = [Request(cid, token_ids, params, child_seed(seed, i), max_len,
+                         frozenset() if params.ignore_eos else self.eos_token_ids,
+                         prompt=prompt.text,
+                         group_id=request_id, index=i) for i, cid in enumerate(ids)]
+        for request in group:
+            if self.tokenizer is not None and params.detokenize:
+                request.detok = IncrementalDetokenizer(
+                    self.tokenizer, params.skip_special_tokens, params.stop,
+                    params.include_stop_str_in_output, params.min_tokens, token_ids)
+            if params.logprobs is not None:
+                request.logprobs, request.cumulative_logprob = [], 0.0
+            self.requests[request.request_id] = request
+        if params.prompt_logprobs is not None:
+            group[0].prompt_logprobs = [None]
+        group[0].fork_children = group[1:]
+        self.groups[request_id] = group
+        self.scheduler.add(group[0])
+        return request_id
+
+    def _check_params(self, params: SamplingParams) -> None:
+        """The checks that need the model: token ids in the vocabulary, a tokenizer for stop strings."""
+        vocab = self.model_config.vocab_size
+        bad = sorted(t for t in (params.logit_bias or {}) if t >= vocab)
+        if bad:
+            raise ValueError(f"logit_bias names token ids {bad[:5]} outside the vocabulary "
+                             f"[0, {vocab}): use ids of this model's tokenizer")
+        bad = sorted(t for t in params.stop_token_ids if t >= vocab)
+        if bad:
+            raise ValueError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer but this model directory has none: use "
+                             "stop_token_ids instead")
+        if params.n > 1 and self.config.kv_layout != "paged":
+            raise ValueError(f"n={params.n} completions share the prompt's KV blocks, which a contiguous "
+                             "reservation cannot: use kv_layout='paged', or n=1")
+
+    def abort_request(self, request_id: str) -> None:
+        """Abort a request (every completion of a group id, or one completion by its own id): only
+        its blocks are freed; full blocks it computed stay in the prefix cache."""
+        group = self.groups.get(request_id)
+        targets = group if group is not None else [self.requests.get(request_id)]
+        for request in targets:
+            if request is None or request.is_finished:
+                continue
+            self.free_request(request)
+            request.finish("abort")
+            if request.detok is not None:
+                request.detok.finish()
+
+    def abort_all(self, request_ids) -> None:
+        """Abort and forget these requests (a stream left early, or an error in the caller). Only
+        their blocks are freed; what a failed step may have half-written was dropped by that step."""
+        for rid in request_ids:
+            self.abort_request(rid)
+            for request in self.groups.pop(rid, []):
+                self.requests.pop(request.request_id, None)
+            self.requests.pop(rid, None)
+
+    def free_request(self, request: Request) -> None:
+        """Free a finished or aborted request's blocks and its runner state."""
+        self.scheduler.finish(request)
+        self.runner.finish_request(request.request_id)
+        if self.spec is not None:
+            self.spec.proposer.free(request.request_id)
+
+    def _step_failed(self, sched) -> None:
+        """The step raised mid-forward: blocks it registered in the prefix cache may hold half-written
+        K/V, so forget their keys, and abort the requests it ran (their K/V is in an unknown state)."""
+        self.kv.drop_step_cache()
+        for s in sched.scheduled:
+            if not s.request.is_finished:
+                self.free_request(s.request)
+                s.request.finish("abort")
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the loop -------------------------------------------------------------------------------
+    def step(self) -> list[tuple[Request, list[int]]]:
+        """Run one engine step. Returns (request, tokens appended this step) for every request that
+        produced a token or finished (more than one token when speculative drafts were accepted)."""
+        return self.execute_step().produced
+
+    def execute_step(self) -> EngineStep:
+        """One step: propose → schedule → execute → apply → trace. Returns what it produced and the
+        runner's output (its raw logits, for tests and notebooks that compare them)."""
+        if self.async_spec is not None:
+            produced = self.async_spec.step()  # None: this step runs synchronously, below
+            if produced is not None:
+                return EngineStep(produced)
+        t0 = time.perf_counter()
+        self.kv.begin_step()
+        propose_s = 0.0
+        if self.spec is not None:  # a finished request's draft KV went back in free_request
+            propose_s = self.spec.propose(self.scheduler.running,
+                                          {rid for rid, r in self.requests.items() if not r.is_finished},
+                                          self.scheduler.may_join())
+        sched = self.scheduler.schedule()
+        for request_id in sched.preempted:
+            self.runner.free_request(request_id)
+        if not sched.scheduled:
+            self.tracer.record(sched, [], self.tracer.occupancy(), 0, time.perf_counter() - t0,
+                               StepGraphInfo())
+            return EngineStep([])
+        out, verify_s = self._execute(sched)
+        sampling = [s for s in sched.scheduled if s.samples]  # before apply moves the counts on
+        applied = self.output_processor.apply(sched, out, self.requests)
+        for children in applied.forked:
+            self.scheduler.add_forked(children)
+        spec_runs = {} if self.spec is None else self.spec.verified(sampling, out.runs, verify_s, self.kv)
+        occupancy = self.tracer.occupancy()  # the step's peak: before finished requests free blocks
+        for request in applied.done:
+            self.free_request(request)
+        self.tracer.record(sched, applied.finished, occupancy,
+                           sum(len(tokens) for _, tokens in applied.produced), time.perf_counter() - t0,
+                           out.graph, spec_runs, propose_s, verify_s)
+        return EngineStep(applied.produced, out)
+
+    def _execute(self, sched: SchedulerOutput) -> tuple[RunnerOutput, float]:
+        """Copy-on-write, then the runner's step; a step that raises aborts the requests it ran."""
+        draft_probs = self.spec.draft_probs(sched.scheduled) if self.spec is not None else None
+        try:
+            copies = self.kv.take_copies()  # copy-on-write of shared blocks, before any write
+            self.runner.copy_blocks([c[0] for c in copies], [c[1] for c in copies])
+            t1 = time.perf_counter()
+            out = self.runner.execute(sched, self.kv, draft_probs)
+            return out, time.perf_counter() - t1
+        except BaseException:
+            self._step_failed(sched)
+            raise
+
+    def take_text_delta(self, request: Request) -> str:
+        """Text of ``request`` not streamed yet that can never be taken back (see detokenizer.py)."""
+        return request.detok.take_delta() if request.detok is not None else ""
+
+    # -- outputs --------------------------------------------------------------------------------
+    def group_finished(self, group_id: str) -> bool:
+        """Have all n completions of this request finished? (False once its output was popped.)"""
+        group = self.groups.get(group_id)
+        return group is not None and all(r.is_finished for r in group)
+
+    def pop_finished(self, request_id: str) -> RequestOutput:
+        """The output of a finished request (the id add_request returned), forgetting the request."""
+        group = self.groups.pop(request_id, None) or [self.requests[request_id]]
+        for r in group:
+            self.requests.pop(r.request_id, None)
+        return build_request_output(group)
+

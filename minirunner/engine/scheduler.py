@@ -1,0 +1,157 @@
+"""Scheduler: continuous batching with chunked prefill and recompute preemption.
+
+Owns which requests run each step and how many of their tokens, under a per-step token budget
+(``max_num_batched_tokens``) and ``max_num_seqs``. Running requests go first (decode tokens and
+unfinished prefill chunks); when the pool runs dry the newest running request is preempted (its blocks
+freed, its tokens recomputed later); waiting requests are admitted FCFS while budget and blocks last.
+It never runs the model.
+
+Liveness: every step with work schedules tokens or preempts, else it raises. The only waiting requests
+that hold blocks are forked n > 1 completions not run yet (they share the prompt's blocks); they cannot
+be preempted, so when blocks run short they let go of those references first (newest in the queue
+first) and recompute their prompt later (prefix-cache hits where the pool kept it). Dropping a reference
+is always safe (blocks are ref-counted), and it costs less than preempting a running request.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+from minirunner.engine.request import Request, RequestStatus
+from minirunner.kv.manager import KVCacheManager
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int  # query tokens this step, starting at request.num_computed_tokens
+    draft_token_ids: list[int] = field(default_factory=list)  # speculative tokens after the known ones
+
+    @property
+    def samples(self) -> bool:
+        """Does this step reach the end of the request's known tokens (so a new token is sampled)?"""
+        return self.request.num_computed_tokens + self.num_new_tokens \
+            == self.request.num_tokens + len(self.draft_token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def add_forked(self, children: list[Request]) -> None:
+        """Queue forked completions (in index order) ahead of every waiting request: their prompt is
+        already in the cache, bar its last token."""
+        self.waiting.extendleft(reversed(children))
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+
+        # 1. Running requests, oldest first; preempt the newest when blocks run out.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_known = request.num_tokens - request.num_computed_tokens
+            num_new = min(num_known + len(request.spec_token_ids), budget)
+            while not self.kv.allocate(request, num_new):
+                if self._release_waiting_blocks():
+                    continue
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim.request_id)
+                if victim is request:
+                    break
+            else:
+                self.kv.cache_full_blocks(request, request.num_computed_tokens + num_new)
+                # a short budget drops the last drafts; cache_full_blocks never reaches them (it stops
+                # at the request's known tokens), so unverified tokens stay out of the prefix cache
+                drafts = request.spec_token_ids[:max(0, num_new - num_known)]
+                out.scheduled.append(ScheduledRequest(request, num_new, drafts))
+                budget -= num_new
+                i += 1
+                continue
+            break  # the request preempted itself: nothing older is left to schedule
+
+        # 2. Waiting requests, FCFS, unless this step already had to preempt.
+        while self.waiting and not out.preempted and budget > 0 \
+                and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            cached = self.kv.find_cached_prefix(request)
+            remaining = request.num_tokens - request.num_computed_tokens \
+                - len(cached) * self.kv.block_size
+            num_new = min(remaining, budget)
+            # Admit only while every running request could still grow by one block: admitting into
+            # the last free blocks just forces a preemption (and a recompute) a few steps later.
+            if not self.kv.allocate(request, num_new, cached, headroom=len(self.running)):
+                # Running requests free blocks as they finish; with none left, only the waiting
+                # completions behind this one can (each request alone fits the pool: admission checks).
+                if not self.running and self._release_waiting_blocks(keep=request):
+                    continue
+                break
+            self.kv.cache_full_blocks(request, request.num_computed_tokens + num_new)
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.scheduled.append(ScheduledRequest(request, num_new))
+            budget -= num_new
+        if not out.scheduled and not out.preempted and self.has_unfinished():
+            head = self.waiting[0]
+            raise RuntimeError(
+                f"the scheduler cannot make progress: request {head.request_id} ({head.num_tokens} "
+                f"tokens) cannot be admitted with {len(self.running)} running, {len(self.waiting)} "
+                f"waiting and {self.kv.pool.num_free_blocks} of {self.kv.pool.num_blocks} KV blocks "
+                "free; this is a bug: please report it with the engine's configuration")
+        return out
+
+    def may_join(self) -> list[Request]:
+        """The waiting requests the next schedule() could admit (FCFS, one per free seat)."""
+        seats = max(0, self.max_num_seqs - len(self.running))
+        return list(itertools.islice(self.waiting, seats))
+
+    def _release_waiting_blocks(self, keep: Request | None = None) -> bool:
+        """Drop the block references of the waiting request nearest the back of the queue that holds
+        any (a forked completion not run yet), except ``keep``. Returns False if none holds blocks."""
+        for request in reversed(self.waiting):
+            if request is not keep and request.request_id in self.kv.tables:
+                self.kv.free(request)
+                request.num_computed_tokens = 0
+                return True
+        return False
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.spec_token_ids = []
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(request)
+
+    def finish(self, request: Request) -> None:
+        """Remove a finished (or aborted) request and free its blocks."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.kv.free(request)

@@ -1,0 +1,30 @@
+"""RunnableSequence: what the KV manager and the model runner read of anything they run — a Request, or
+the draft model's own shadow sequence of one (spec_decode/draft_model.py).
+
+Owns the protocol only; both implementations declare it explicitly, so neither fakes the other's fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from minirunner.sampling_params import SamplingParams
+
+
+class RunnableSequence(Protocol):
+    """request_id; num_computed_tokens (tokens with K/V in the cache); num_tokens and token_buffer
+    (int64, valid up to num_tokens: the tokens known); params and seed (the sampling parameters of its
+    rows in the runner); output_token_ids (tokens generated so far: min_tokens and penalties read them)."""
+
+    # Annotations only (no properties here): a dataclass field or a property of an implementation
+    # satisfies each, and nothing of the protocol's shadows a field.
+    request_id: str
+    num_computed_tokens: int
+    num_tokens: int
+    token_buffer: np.ndarray
+    params: SamplingParams
+    seed: int
+    output_token_ids: Sequence[int]

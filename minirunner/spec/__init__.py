@@ -1,9 +1,0 @@
-"""Speculative decoding: configuration, proposers (draft model, n-gram lookup), the formulas, metrics.
-
-The engine asks a ``Speculator`` for draft tokens before each step and reports what the target accepted
-after it; verification itself is the rejection sampler in ``kernels.rejection_sampling``.
-"""
-
-from minirunner.spec.config import SpeculativeConfig
-
-__all__ = ["SpeculativeConfig"]

@@ -1,0 +1,261 @@
+"""DraftModelProposer: k draft tokens per request from a small model with its own paged KV cache.
+
+Owns the draft model, its KV cache (its own BlockPool and KVCacheManager, without prefix caching) and a
+second ModelRunner over it, plus one shadow sequence per request: the tokens the draft has seen and how
+many of them have K/V in the draft cache. Why its own pool rather than the target's block tables: the
+draft has other layer/head shapes and, above all, its own progress (it lags the target by one token and
+runs ahead of it by k - 1 drafts), so separate tables let each cache roll back on its own and never tie
+the target's prefix cache to a model that did not compute those blocks. Never verifies anything.
+
+Rollback is by agreement: before proposing, a shadow sequence keeps K/V only for the prefix on which
+its tokens agree with the request's verified tokens; rejected drafts' blocks return to the draft pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from kernels._triton import HAS_TRITON
+from kernels.rejection_sampling import one_hot_probs, probs_from_logits
+from kernels.sampling import sample, sample_ref
+from minirunner.attention import make_backend
+from minirunner.config import EngineConfig, ModelConfig
+from minirunner.engine.request import Request
+from minirunner.engine.scheduler import ScheduledRequest
+from minirunner.engine.sequence import RunnableSequence
+from minirunner.kv.manager import KVCacheManager
+from minirunner.model.loader import load_model
+from minirunner.sampling_params import SamplingParams
+from minirunner.spec_decode.proposer import Proposer
+from minirunner.worker.model_runner import ModelRunner
+
+_SEED_MASK = (1 << 63) - 1
+# The draft draws its tokens with noise keyed by (seed ^ salt, position): independent of the noise the
+# target's rejection sampler uses at the same position, which losslessness needs.
+_DRAFT_SALT = 0x2545F4914F6CDD1D
+
+
+@dataclass(eq=False)
+class DraftSequence(RunnableSequence):
+    """The draft model's shadow of one request (engine/sequence.py's protocol, for the draft's KV manager
+    and runner): its tokens and their K/V progress in the draft cache. Its rows in the draft runner are
+    greedy (``params``): the draft draws sampled drafts itself, from the logits, with its own noise."""
+
+    request_id: str
+    tokens: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_verified: int = 0  # tokens[:num_verified] were the request's verified tokens at the last call
+    params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
+    seed: int = 0
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.tokens
+
+    @property
+    def token_buffer(self) -> np.ndarray:
+        return np.asarray(self.tokens, dtype=np.int64)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def output_token_ids(self) -> tuple[()]:
+        return ()  # no min_tokens to enforce: the draft's decode passes may replay a graph step
+
+
+class DraftModelProposer(Proposer):
+    def __init__(self, draft_dir: str, config: EngineConfig, num_blocks: int):
+        self.model_config = mc = ModelConfig.from_dir(draft_dir)
+        self.model = load_model(draft_dir, mc, config.dtype, config.device)
+        backend = make_backend(config, mc)
+        self.kv = KVCacheManager(num_blocks, config.block_size, enable_prefix_caching=False)
+        self.runner = ModelRunner(self.model, backend, num_blocks, config.block_size,
+                                  config.max_num_seqs, config.max_num_batched_tokens,
+                                  config.max_model_len)
+        if config.graph_mode != "none":  # the draft's one-token passes replay as the target's do
+            from minirunner.worker.cudagraph import capture_sizes
+
+            # with async scheduling, the first draft pass of a step scheduled ahead feeds 2 tokens a row
+            self.runner.enable_graphs(config.graph_mode,
+                                      capture_sizes(config.max_num_seqs, config.cudagraph_capture_sizes),
+                                      extra_query_lens=(2,) if config.async_scheduling else ())
+        self.max_batched = config.max_num_batched_tokens
+        self.device = config.device
+        self.seqs: dict[str, DraftSequence] = {}
+        self._chain = None  # (inputs, sampled tokens) of the last pass, while the next may follow it
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+    def release(self, live_ids: set[str]) -> None:
+        """Free the draft state of requests that are gone (finished or aborted)."""
+        for rid in [r for r in self.seqs if r not in live_ids]:
+            self.free(rid)
+
+    def free(self, request_id: str) -> None:
+        """Free one request's draft state: its shadow sequence, draft blocks and draft state row (the
+        engine calls it when the request finishes or is aborted)."""
+        seq = self.seqs.pop(request_id, None)
+        if seq is not None:
+            self.kv.free(seq)
+            self.runner.free_request(request_id)
+
+    def _sync(self, request: Request) -> DraftSequence:
+        """Align the shadow sequence with the request's verified tokens, rolling back K/V past the
+        first disagreement (rejected drafts) and returning emptied blocks to the pool."""
+        seq = self.seqs.setdefault(request.request_id, DraftSequence(request.request_id))
+        verified = request.all_token_ids
+        agree = seq.num_verified
+        limit = min(len(seq.tokens), len(verified))
+        while agree < limit and seq.tokens[agree] == verified[agree]:
+            agree += 1
+        # The last verified token is always fed again: its logits give the first draft. (Its K/V can
+        # already be in the cache when a step's drafts were never verified, e.g. after preemption.)
+        seq.num_computed_tokens = min(seq.num_computed_tokens, agree, len(verified) - 1)
+        seq.tokens = list(verified)
+        seq.num_verified = len(verified)
+        self.kv.trim(seq)
+        return seq
+
+    # -- proposing ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, requests: list[Request], ks: list[int]):
+        """Draft ks[i] tokens for requests[i] (each decode-ready). Returns {request_id: (tokens, q)}
+        with q fp32 [len(tokens), vocab], the distribution each token was drawn from; a request the
+        draft pool cannot hold gets no drafts this step."""
+        self._chain = None
+        seqs = {r.request_id: self._sync(r) for r in requests}
+        want = {r.request_id: k for r, k in zip(requests, ks, strict=True) if k > 0}
+        by_id = {r.request_id: r for r in requests}
+        out: dict[str, tuple[list[int], list[torch.Tensor]]] = {rid: ([], []) for rid in want}
+        # Pass 0 catches each draft up on its verified tokens (chunked under the token budget) and
+        # samples its first draft; passes 1..k-1 feed one draft each and sample the next.
+        pending = list(want)
+        while pending:
+            pending = self._forward(pending, seqs, by_id, out, catch_up=True)
+        for j in range(1, max(want.values(), default=0)):
+            active = [rid for rid in want if want[rid] > j and rid in out]
+            for rid in self._forward(active, seqs, by_id, out, catch_up=False):
+                want[rid] = j  # the draft pool ran dry: keep the drafts made so far
+        return {rid: (toks, _stack_probs(toks, qs, self.model_config.vocab_size))
+                for rid, (toks, qs) in out.items() if toks}
+
+    def _forward(self, rids, seqs, by_id, out, catch_up: bool) -> list[str]:
+        """One draft forward over ``rids``. Catching up: returns the ids with verified tokens left
+        (the token budget ran out); a request the pool cannot hold loses its drafts and its draft K/V.
+        Decoding: returns the ids the pool could not extend."""
+        budget, scheduled, left = self.max_batched, [], []
+        for rid in rids:
+            seq = seqs[rid]
+            todo = seq.num_tokens - seq.num_computed_tokens
+            n = min(todo, budget)
+            if n == 0:
+                left.append(rid)
+                continue
+            if not self.kv.allocate(seq, n):
+                if catch_up:
+                    self.kv.free(seq)
+                    seq.num_computed_tokens = 0
+                    out.pop(rid, None)
+                else:
+                    left.append(rid)
+                continue
+            scheduled.append(ScheduledRequest(seq, n))
+            budget -= n
+            if n < todo:
+                left.append(rid)
+        if not scheduled:  # nothing could run: give up on the rest rather than spin
+            if catch_up:
+                for rid in left:
+                    out.pop(rid, None)
+                return []
+            return left
+        self._run(scheduled, by_id, out)
+        return left
+
+    def _run(self, scheduled: list[ScheduledRequest], by_id, out) -> None:
+        prev, self._chain = self._chain, None
+        follows = prev is not None and len(scheduled) == len(prev[0].sample_requests) and all(
+            s.num_new_tokens == 1 and s.request is r
+            for s, r in zip(scheduled, prev[0].sample_requests, strict=True))
+        logits, inputs = self.runner.forward_logits(scheduled, self.kv, prev if follows else None)
+        sampling = [s.request for s in scheduled if s.samples]
+        for s in scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+        if logits is None:
+            return
+        reqs = [by_id[seq.request_id] for seq in sampling]
+        if all(r.params.temperature <= 0 for r in reqs):
+            # Greedy drafts: the argmax, with q one-hot on it (``None`` rows: the rejection sampler's
+            # n-gram form). A greedy target never reads q, so no softmax over the vocabulary is paid.
+            tokens = logits.argmax(dim=-1)
+            self._keep_chain(inputs, tokens, scheduled)
+            for seq, token in zip(sampling, tokens.tolist(), strict=True):
+                seq.tokens.append(token)
+                out[seq.request_id][0].append(token)
+                out[seq.request_id][1].append(None)
+            return
+        positions = torch.tensor([seq.num_tokens for seq in sampling], dtype=torch.int64,
+                                 device=self.device)
+        sampled, q = draw_drafts(logits, draft_sampling_params(reqs, self.device, logits.shape[-1]),
+                                 positions)
+        self._keep_chain(inputs, sampled, scheduled)
+        for i, (seq, token) in enumerate(zip(sampling, sampled.tolist(), strict=True)):
+            seq.tokens.append(token)
+            out[seq.request_id][0].append(token)
+            out[seq.request_id][1].append(q[i])
+
+    def _keep_chain(self, inputs, tokens: torch.Tensor, scheduled: list[ScheduledRequest]) -> None:
+        """Remember an eager pass in which every request sampled: the next pass, feeding each request
+        exactly the token it just drew, prepares its inputs from this one on the device
+        (ModelRunner.prepare_next_decode) instead of from the host's token lists."""
+        if inputs is not None and len(inputs.sample_requests) == len(scheduled):
+            self._chain = (inputs, tokens)
+
+
+class DraftSampling(NamedTuple):
+    """The draft sampler's per-request parameters on the device, and whether any row needs the
+    top-k / top-p sort (decided on the host, so drawing reads nothing back)."""
+
+    temperatures: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    seeds: torch.Tensor  # salted: the draft's noise is independent of the target's
+    apply_filters: bool
+
+
+def draft_sampling_params(requests: list[Request], device: torch.device, vocab: int) -> DraftSampling:
+    """The draft sampler's parameters for these requests: their own, the seeds salted."""
+    return DraftSampling(
+        torch.tensor([r.params.temperature for r in requests], dtype=torch.float32, device=device),
+        torch.tensor([r.params.top_k for r in requests], dtype=torch.int64, device=device),
+        torch.tensor([r.params.top_p for r in requests], dtype=torch.float32, device=device),
+        torch.tensor([(r.seed ^ _DRAFT_SALT) & _SEED_MASK for r in requests], dtype=torch.int64,
+                     device=device),
+        any(0 < r.params.top_k < vocab or r.params.top_p < 1 for r in requests))
+
+
+def draw_drafts(logits: torch.Tensor, params: DraftSampling, positions: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One draft token per row from the draft's logits [rows, vocab], seeded by (salted seed, position
+    of the token drawn): (tokens int64 [rows], q fp32 [rows, vocab], the distribution each was drawn
+    from). Device ops only: nothing is read back."""
+    sampler = sample if logits.device.type == "cuda" and HAS_TRITON else sample_ref
+    p = params
+    tokens = sampler(logits, p.temperatures, p.top_k, p.top_p, p.seeds, positions,
+                     apply_filters=p.apply_filters)
+    return tokens, probs_from_logits(logits, p.temperatures, p.top_k, p.top_p)
+
+
+def _stack_probs(tokens: list[int], qs: list[torch.Tensor | None], vocab: int) -> torch.Tensor | None:
+    """q of a request's drafts [len(tokens), vocab]: None when every draft was greedy (one-hot, as the
+    rejection sampler reads None), one-hot rows for greedy passes mixed with sampled ones."""
+    if all(q is None for q in qs):
+        return None
+    dev = next(q for q in qs if q is not None).device
+    return torch.stack([q if q is not None else one_hot_probs(torch.tensor([t], device=dev), vocab)[0]
+                        for t, q in zip(tokens, qs, strict=True)])

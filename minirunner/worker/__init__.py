@@ -1,0 +1,3 @@
+"""The device side of a step (vLLM's Model Runner V2): persistent request rows (states.py), the step
+buffers, input preparation, the model runner, the sampler and the graph manager (cudagraph.py). It never
+decides what to schedule and never appends a token to a request."""

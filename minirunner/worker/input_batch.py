@@ -1,0 +1,169 @@
+"""Input preparation: a step's SchedulerOutput into an InputBatch over the static buffers (MRv2's
+``prepare_inputs``).
+
+Owns what each buffer row holds for a step: token ids (known tokens, then speculative drafts), positions,
+slots (the one formula, kv/block_table.py), query_start_loc, seq_lens, block-table rows, the rows whose
+logits are computed, and for a graph step the padding to its bucket; this is host work (numpy, no device
+sync) whose writes all go through worker/buffers.py. It syncs each request's state row (worker/states.py)
+but never allocates blocks, runs the model or samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from minirunner.attention import AttentionMetadata
+from minirunner.engine.request import Request
+from minirunner.engine.scheduler import ScheduledRequest
+from minirunner.kv.block_table import cdiv, slot_of
+from minirunner.kv.manager import KVCacheManager
+from minirunner.worker.buffers import StepBuffers
+from minirunner.worker.states import RequestStateRows
+
+
+@dataclass(slots=True)
+class InputBatch:
+    """What ``prepare_input_batch`` hands the later stages: views of the static buffers for this step.
+
+    input_ids: int64 [num_tokens]; logits_indices: int64 [num_sampling + num_draft_tokens] (the flat
+    rows whose logits are computed: for every request that samples, its last known token's row, then one
+    row per speculative draft); sample_rows: the sampling requests' state rows (host); sample_positions:
+    int64 [num_sampling] (position of the first token each samples); sample_requests: those requests, in
+    order.
+    """
+
+    input_ids: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+    sample_rows: np.ndarray
+    sample_positions: torch.Tensor
+    sample_requests: list[Request]
+    draft_token_ids: np.ndarray  # int64 [num_draft_tokens]: speculative drafts, request by request
+    num_drafts: np.ndarray  # int64 [num_sampling]: drafts of each sampling request
+
+
+def prepare_input_batch(state: RequestStateRows, buffers: StepBuffers, scheduled: list[ScheduledRequest],
+                        kv: KVCacheManager, bucket: int | None = None, query_len: int = 1) -> InputBatch:
+    """Fill the step buffers from the scheduler's decisions (host work, numpy, no device sync).
+
+    ``bucket``: a uniform batch (every request ``query_len`` tokens: 1 for decode, k + 1 for a
+    verify step) padded to this many rows for a graph step: rows past the batch become padding
+    rows, block tables are written at their full width, and the sampling parameters go to their
+    static buffers; the returned metadata describes the padded batch."""
+    S = len(scheduled)
+    b = buffers
+    rows = np.empty(S, dtype=np.int64)
+    qlens = np.empty(S, dtype=np.int64)
+    starts = np.empty(S, dtype=np.int64)
+    samples = np.empty(S, dtype=bool)
+    num_drafts = np.zeros(S, dtype=np.int64)
+    drafts: list[int] = []
+    T = sum(s.num_new_tokens for s in scheduled)
+    ids = np.empty(T, dtype=np.int64)
+    t = 0
+    for i, s in enumerate(scheduled):
+        request, n = s.request, s.num_new_tokens
+        start = request.num_computed_tokens
+        rows[i] = state.sync(request, kv.table(request.request_id))
+        known = min(n, request.num_tokens - start)
+        ids[t:t + known] = request.token_buffer[start:start + known]
+        if s.draft_token_ids:  # speculative tokens follow the known ones
+            ids[t + known:t + n] = s.draft_token_ids
+            num_drafts[i] = len(s.draft_token_ids)
+            drafts += s.draft_token_ids
+        qlens[i], starts[i], samples[i] = n, start, s.samples
+        t += n
+    qsl = np.zeros(S + 1, dtype=np.int32)
+    np.cumsum(qlens, out=qsl[1:])
+    positions = np.repeat(starts - qsl[:-1], qlens) + np.arange(T)
+    slots = _slots(state, b.block_size, np.repeat(rows, qlens), positions)
+    seq_lens = (starts + qlens).astype(np.int32)
+    max_seq_len = int(seq_lens.max())
+    # logits_indices: each sampling request's last known token, then each of its drafts
+    d = num_drafts[samples]
+    width = d + 1
+    logits_rows = np.repeat(qsl[1:][samples] - width, width) \
+        + np.arange(int(width.sum())) - np.repeat(np.cumsum(width) - width, width)
+    sample_positions = (seq_lens[samples] - d).astype(np.int64)  # of the first token sampled
+    tables_cpu = None
+    if bucket is None:
+        tables_cpu = b.put_tables(state.block_tables[rows, :cdiv(max_seq_len, b.block_size)])
+    else:  # every request samples: the padded rows follow the batch's
+        ids, positions, slots, seq_lens, qsl, sample_positions = _pad_uniform(state, b,
+            ids, positions, slots, seq_lens, sample_positions, rows, bucket, query_len)
+        S = bucket
+    meta = b.put_meta(positions, slots, qsl, seq_lens, S, int(qlens.max()), max_seq_len, tables_cpu)
+    return InputBatch(
+        input_ids=b.put(b.input_ids, ids),
+        meta=meta,
+        logits_indices=b.put(b.logits_indices, logits_rows),
+        sample_rows=rows[samples],
+        sample_positions=b.put(b.sample_positions, sample_positions),
+        sample_requests=[s.request for s, flag in zip(scheduled, samples, strict=True) if flag],
+        draft_token_ids=np.asarray(drafts, dtype=np.int64),
+        num_drafts=d,
+    )
+
+
+def prepare_next_decode(state: RequestStateRows, buffers: StepBuffers, prev: InputBatch, tokens: torch.Tensor,
+                        scheduled: list[ScheduledRequest], kv: KVCacheManager) -> InputBatch:
+    """``prepare_input_batch`` for the pass right after the eager pass ``prev`` in which every request of
+    ``scheduled`` sampled, when each now feeds the one token it just sampled (``tokens``: int64
+    [num_requests] on the device, e.g. the draft's argmax) and samples again: the draft proposer's
+    passes 1..k-1. As vLLM's EAGLE proposer does, positions and seq_lens move on by one and the slots
+    come from the block tables (new block ids written first); the tokens go device to device, never
+    through the host, and the per-request bookkeeping of ``prepare_input_batch`` is skipped."""
+    for s in scheduled:
+        state.sync(s.request, kv.table(s.request.request_id))
+    rows, n = prev.sample_rows, len(scheduled)
+    positions = prev.meta.seq_lens_cpu.numpy().astype(np.int64)  # each new token's position
+    seq_lens = (positions + 1).astype(np.int32)
+    slots = _slots(state, buffers.block_size, rows, positions)
+    qsl = np.arange(n + 1, dtype=np.int32)
+    max_seq_len = int(seq_lens.max())
+    b = buffers
+    tables_cpu = b.put_tables(state.block_tables[rows, :cdiv(max_seq_len, b.block_size)])
+    input_ids = b.copy_input_ids(tokens)
+    meta = b.put_meta(positions, slots, qsl, seq_lens, n, 1, max_seq_len, tables_cpu)
+    return InputBatch(
+        input_ids=input_ids, meta=meta,
+        logits_indices=b.put(b.logits_indices, np.arange(n, dtype=np.int64)),
+        sample_rows=rows,
+        sample_positions=b.put(b.sample_positions, seq_lens.astype(np.int64)),
+        sample_requests=prev.sample_requests,
+        draft_token_ids=np.zeros(0, dtype=np.int64),
+        num_drafts=np.zeros(n, dtype=np.int64))
+
+
+def _pad_uniform(state: RequestStateRows, buffers: StepBuffers, ids, positions, slots, seq_lens,
+                 sample_positions, rows: np.ndarray, bucket: int, query_len: int):
+    """Pad a uniform batch's arrays to ``bucket`` rows (of ``query_len`` tokens each) and write the
+    graph step's static buffers."""
+    pad = bucket - len(rows)
+
+    def padded(arr, value, per_row=1):
+        return np.concatenate((arr, np.full(pad * per_row, value, dtype=arr.dtype)))
+
+    tables, sampling = graph_rows(state, rows)
+    buffers.put_graph_rows(tables, sampling, bucket)
+    q = query_len
+    return (padded(ids, 0, q), padded(positions, 0, q), padded(slots, -1, q), padded(seq_lens, 0),
+            np.arange(bucket + 1, dtype=np.int32) * q, padded(sample_positions, 0))
+
+
+
+def graph_rows(state: RequestStateRows, rows: np.ndarray, sampling: bool = True
+               ) -> tuple[np.ndarray, dict[str, np.ndarray] | None]:
+    """What a graph step reads from the state rows ``rows``, for ``StepBuffers.put_graph_rows``: their
+    block-table rows at full width and (with ``sampling``) their temperatures, top-k, top-p and seeds."""
+    params = None if not sampling else dict(temperatures=state.temperature[rows], top_k=state.top_k[rows],
+                                            top_p=state.top_p[rows], seeds=state.seed[rows])
+    return state.block_tables[rows], params
+
+
+def _slots(state: RequestStateRows, block_size: int, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The slot of every token; rows: each token's state row."""
+    return slot_of(state.block_tables, positions, block_size, rows)

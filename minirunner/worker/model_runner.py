@@ -1,0 +1,205 @@
+"""ModelRunner: turns one scheduled step into tensors, runs the model over the paged KV cache, samples.
+
+One step is five stages, each a method a notebook can call and inspect:
+``prepare_inputs → run_model → compute_logits → sample → postprocess``; ``execute`` runs them (or one
+graph replay) and returns a RunnerOutput (worker/runner_output.py) — nothing is kept on the runner.
+
+Owns the KV cache tensors (one block more than the pool hands out: the null block, where padding rows,
+slot -1, may write), the persistent per-request state rows (worker/states.py), the step buffers
+(worker/buffers.py, the only writer), the sampler (worker/sampler.py) and the graph manager
+(worker/cudagraph.py), and the choice between a graph replay and an eager step. Input preparation is
+worker/input_batch.py. It never decides what to schedule and never appends a token to a request.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minirunner.attention.base import AttentionBackend
+from minirunner.engine.scheduler import ScheduledRequest, SchedulerOutput
+from minirunner.kv.block_table import cdiv
+from minirunner.kv.manager import KVCacheManager
+from minirunner.logprobs import score_prompts
+from minirunner.model.decoder import DecoderLM
+from minirunner.spec_decode.verify import verify_drafts
+from minirunner.worker.buffers import StepBuffers
+from minirunner.worker.cudagraph import DecodeGraphs, GraphKey, GraphKind
+from minirunner.worker.input_batch import InputBatch, prepare_input_batch, prepare_next_decode
+from minirunner.worker.runner_output import RunnerOutput, StepGraphInfo
+from minirunner.worker.sampler import Sampler, graph_ready
+from minirunner.worker.states import RequestStateRows
+
+
+class ModelRunner:
+    def __init__(self, model: DecoderLM, backend: AttentionBackend, num_blocks: int,
+                 block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int):
+        cfg = model.config
+        self.model, self.backend = model, backend
+        self.device, self.dtype = backend.device, backend.dtype
+        self.block_size = block_size
+        shape = (num_blocks + 1, 2, block_size, cfg.num_kv_heads, cfg.head_dim)  # + the null block
+        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                          for _ in range(cfg.num_layers)]
+        self.max_blocks_per_seq = cdiv(max_model_len, block_size)
+        self.state = RequestStateRows(2 * max_num_seqs, self.max_blocks_per_seq)
+        self.buffers = StepBuffers(self.device, max_num_batched_tokens, max_num_seqs,
+                                   self.max_blocks_per_seq, block_size)
+        self.graphs: DecodeGraphs | None = None
+        self.sampler = Sampler(self.state, cfg.vocab_size, self.device)
+
+    def enable_graphs(self, mode: str, sizes: list[int], max_draft_tokens: int = 0, draft_q: bool = False,
+                      extra_query_lens: tuple[int, ...] = ()) -> DecodeGraphs:
+        """Run uniform batches that fit a bucket of ``sizes`` as one compiled ("compile") or captured
+        ("cuda") step; under "cuda" every key a run may replay is captured now, largest bucket first.
+        ``max_draft_tokens`` > 0: uniform verify steps with up to that many drafts per request run as
+        buckets too (``draft_q``: with a draft model's q; else one-hot drafts only)."""
+        self.graphs = DecodeGraphs(self.buffers, self.model, self.backend, self.kv_caches, mode, sizes,
+                                   max_draft_tokens, draft_q, extra_query_lens)
+        if mode == "cuda":
+            self.graphs.capture_all()
+        return self.graphs
+
+    @torch.inference_mode()
+    def copy_blocks(self, src: list[int], dst: list[int]) -> None:
+        """Copy whole KV blocks src[i] -> dst[i] in every layer's cache (copy-on-write of a shared
+        block before its first write). src, dst: block ids, equal lengths."""
+        if not src:
+            return
+        s = torch.tensor(src, dtype=torch.int64, device=self.device)
+        d = torch.tensor(dst, dtype=torch.int64, device=self.device)
+        for cache in self.kv_caches:
+            cache[d] = cache[s]
+
+    def free_request(self, request_id: str) -> None:
+        """Forget a preempted request's state row (its logits-processor state survives the preemption)."""
+        self.state.release(request_id)
+
+    def finish_request(self, request_id: str) -> None:
+        """Forget a finished or aborted request: its state row and its logits-processor state."""
+        self.sampler.logits_processors.release(request_id)
+        self.state.release(request_id)
+
+    # -- the five stages ------------------------------------------------------------------------
+    def prepare_inputs(self, scheduled: list[ScheduledRequest], kv: KVCacheManager,
+                       bucket: int | None = None, query_len: int = 1) -> InputBatch:
+        """Fill the step buffers from the scheduler's decisions (worker/input_batch.py); ``bucket``: pad
+        a uniform batch of ``query_len`` tokens per request to this many rows for a graph step."""
+        return prepare_input_batch(self.state, self.buffers, scheduled, kv, bucket, query_len)
+
+    def prepare_next_decode(self, prev: InputBatch, tokens: torch.Tensor,
+                            scheduled: list[ScheduledRequest], kv: KVCacheManager) -> InputBatch:
+        """The draft's chained pass: each request feeds the token it just sampled (``tokens``, int64
+        [num_requests] on the device), see worker/input_batch.py."""
+        return prepare_next_decode(self.state, self.buffers, prev, tokens, scheduled, kv)
+
+    def graph_bucket(self, scheduled: list[ScheduledRequest]) -> tuple[int, int] | None:
+        """(bucket, query_len) of the step this batch replays, or None (eager). Decode (query_len 1):
+        every request samples one new token. Verify (query_len k + 1): every request scores its last
+        known token and exactly k drafts, k the same for all. Either way the batch must fit a bucket,
+        and its sampling need nothing the replay lacks (logit bias, min_tokens suppression, penalties,
+        min_p and prompt logprobs are applied on the host's per-request state: such steps run eager)."""
+        if self.graphs is None or not scheduled or not all(s.samples and graph_ready(s.request)
+                                                           for s in scheduled):
+            return None
+        k = len(scheduled[0].draft_token_ids)
+        if not all(s.num_new_tokens == k + 1 and len(s.draft_token_ids) == k for s in scheduled):
+            return None
+        size = self.graphs.bucket(len(scheduled)) if k == 0 else \
+            self.graphs.verify_bucket(len(scheduled), k)
+        return None if size is None else (size, k + 1)
+
+    def run_model(self, inputs: InputBatch) -> torch.Tensor:
+        """The forward pass: every layer writes its K/V by slot and attends. Returns hidden states
+        [num_tokens, hidden_size]."""
+        self.backend.plan(inputs.meta)
+        return self.model(inputs.input_ids, inputs.meta, self.kv_caches, self.backend)
+
+    def compute_logits(self, hidden: torch.Tensor, inputs: InputBatch) -> torch.Tensor:
+        """fp32 logits [num_sampling, vocab] for the rows that sample only."""
+        if inputs.logits_indices.shape[0] == hidden.shape[0]:
+            # every row samples: the indices (ascending, distinct, < num_tokens) are 0..n-1
+            return self.model.compute_logits(hidden)
+        return self.model.compute_logits(hidden[inputs.logits_indices])
+
+    def sample(self, logits: torch.Tensor, inputs: InputBatch) -> torch.Tensor:
+        """One token per sampling request: int64 [num_sampling] (worker/sampler.py)."""
+        return self.sampler.sample(logits, inputs.sample_rows, inputs.sample_requests,
+                                   inputs.sample_positions)
+
+    def postprocess(self, tokens: torch.Tensor) -> list[int]:
+        """Sampled tokens back to the host for the engine (the step's one device-to-host sync)."""
+        return tokens.tolist()
+
+    @torch.inference_mode()
+    def forward_logits(self, scheduled: list[ScheduledRequest], kv: KVCacheManager,
+                       after: tuple[InputBatch, torch.Tensor] | None = None):
+        """prepare_inputs -> run_model -> compute_logits with no sampling: (the fp32 logits of the rows
+        that sample, or None; the step's inputs, None for a graph step). The draft proposer samples its
+        tokens itself. A decode batch that fits a bucket replays its greedy graph step (its argmax is not
+        used). ``after``: (the inputs of the previous eager pass, the tokens it sampled) when this pass
+        feeds exactly those tokens (:meth:`prepare_next_decode`)."""
+        graph = self.graph_bucket(scheduled)
+        if graph is not None and graph[1] == 1:
+            self.prepare_inputs(scheduled, kv, graph[0])
+            return self._replay(graph[0], GraphKind.GREEDY, len(scheduled))[1], None
+        inputs = self.prepare_inputs(scheduled, kv) if after is None else \
+            self.prepare_next_decode(*after, scheduled, kv)
+        hidden = self.run_model(inputs)
+        return (self.compute_logits(hidden, inputs) if len(inputs.sample_rows) else None), inputs
+
+    @torch.inference_mode()
+    def execute(self, scheduler_output: SchedulerOutput, kv: KVCacheManager,
+                draft_probs: torch.Tensor | None = None) -> RunnerOutput:
+        """Run one step: prepare inputs, run the model (or replay a bucket), sample. Returns the step's
+        RunnerOutput (nothing is kept on the runner). draft_probs: fp32 [num_draft_tokens, vocab], the
+        draft model's q of every draft token in order, or None (no drafts, or one-hot n-gram drafts)."""
+        scheduled = scheduler_output.scheduled
+        graph = self.graph_bucket(scheduled)
+        bucket, query_len = graph if graph is not None else (None, 1)
+        inputs = self.prepare_inputs(scheduled, kv, bucket, query_len)
+        out = RunnerOutput(req_ids=[r.request_id for r in inputs.sample_requests],
+                           num_drafts=inputs.num_drafts.tolist())
+        if bucket is not None and query_len > 1:
+            out.runs, out.logits, out.graph = self._replay_verify(bucket, query_len, inputs, draft_probs)
+            return out
+        if bucket is not None:
+            tokens, out.logits, out.graph = self._replay(bucket, self.sampler.graph_kind(inputs.sample_rows),
+                                                         len(scheduled))
+            out.logprobs = self.sampler.logprobs(out.logits, tokens, inputs.sample_requests)
+            out.runs = [[t] for t in self.postprocess(tokens)]
+            return out
+        hidden = self.run_model(inputs)
+        out.prompt_logprobs = score_prompts(self.model, hidden, scheduled)
+        if not len(inputs.sample_rows):
+            return out
+        out.logits = self.compute_logits(hidden, inputs)
+        if len(inputs.draft_token_ids):
+            state, rows = self.state, inputs.sample_rows
+            out.runs = verify_drafts(out.logits, inputs, draft_probs, state.temperature[rows],
+                                     state.top_k[rows], state.top_p[rows], state.seed[rows])
+            return out
+        tokens = self.sample(out.logits, inputs)
+        out.logprobs = self.sampler.logprobs(out.logits, tokens, inputs.sample_requests)
+        out.runs = [[t] for t in self.postprocess(tokens)]
+        return out
+
+    def _replay(self, bucket: int, kind: GraphKind, n: int, query_len: int = 1):
+        """Replay bucket ``bucket``'s step of ``kind`` for a batch of ``n`` requests: (its first n rows
+        of tokens or runs, the logits of their n * query_len token rows, copied out: the next replay
+        overwrites its outputs; how the step ran)."""
+        out, logits = self.graphs.run(GraphKey(bucket, kind, query_len))
+        return out[:n], logits[:n * query_len].clone(), StepGraphInfo(self.graphs.mode, bucket, bucket - n)
+
+    def _replay_verify(self, bucket: int, query_len: int, inputs: InputBatch,
+                       draft_probs: torch.Tensor | None):
+        """A uniform verify step as one replay: the drafts' q goes to the static buffer, the graph runs
+        the target over every row's k + 1 tokens and the rejection sampler, and the emitted runs come
+        back in the step's one device-to-host copy (as a decode step's tokens do). Returns (runs,
+        logits, how the step ran)."""
+        n = len(inputs.sample_requests)
+        if draft_probs is not None:
+            self.graphs.write_draft_probs(draft_probs)
+        kind = GraphKind.VERIFY if draft_probs is not None else GraphKind.VERIFY_ONEHOT
+        runs, logits, info = self._replay(bucket, kind, n, query_len)
+        return [[t for t in row if t >= 0] for row in self.postprocess(runs)], logits, info

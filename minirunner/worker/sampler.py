@@ -1,0 +1,77 @@
+"""The sampler: logits processors, then greedy / seeded sampling (the Triton kernel or its twin, chosen
+once), and the sampled tokens' logprobs.
+
+Owns the per-request logits-processor state (worker/logits_processing.py), which kind of compiled sampler
+a graph step needs, and whether a request can be sampled inside a graph step at all. It reads the
+sampling parameters from the persistent state rows (worker/states.py); it never runs the model and never
+writes a step buffer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kernels._triton import HAS_TRITON
+from kernels.sampling import sample, sample_ref
+from minirunner.engine.request import Request
+from minirunner.logprobs import TokenLogprobs, score_tokens
+from minirunner.worker.cudagraph import GraphKind
+from minirunner.worker.logits_processing import (
+    LogitsProcessors,
+    apply_logits_processors,
+    needs_logits_processing,
+)
+from minirunner.worker.states import RequestStateRows
+
+
+class Sampler:
+    def __init__(self, state: RequestStateRows, vocab_size: int, device: torch.device):
+        self.state, self.vocab_size = state, vocab_size
+        self.logits_processors = LogitsProcessors(vocab_size, device)
+        self._kernel = sample if device.type == "cuda" and HAS_TRITON else sample_ref
+
+    def sample(self, logits: torch.Tensor, rows: np.ndarray, requests: list[Request],
+               positions: torch.Tensor) -> torch.Tensor:
+        """One token per sampling request: int64 [num_sampling]. logits: fp32 [num_sampling, vocab];
+        rows: their state rows; positions: int64 [num_sampling], each token's position (the seeded
+        noise is keyed by it). Logit bias, min_tokens, penalties and min_p apply first (only when some
+        request asks for them); an all-greedy batch is then one argmax, and the top-k/top-p sort runs
+        only when some request in the batch asks for it."""
+        logits = apply_logits_processors(logits, self.logits_processors.prepare(requests))
+        state = self.state
+        temps = state.temperature[rows]
+        if not temps.any():
+            tokens = logits.argmax(dim=-1)
+        else:
+            top_k, top_p = state.top_k[rows], state.top_p[rows]
+            filters = bool(((top_k > 0) & (top_k < logits.shape[-1])).any() or (top_p < 1).any())
+            dev = logits.device
+            tokens = self._kernel(logits, torch.from_numpy(temps).to(dev), torch.from_numpy(top_k).to(dev),
+                                  torch.from_numpy(top_p).to(dev), torch.from_numpy(state.seed[rows]).to(dev),
+                                  positions, apply_filters=filters)
+        self.logits_processors.record(tokens)
+        return tokens
+
+    def graph_kind(self, rows: np.ndarray) -> GraphKind:
+        """Which compiled sampler a graph step of these state rows needs: GREEDY, SAMPLE or FILTER."""
+        state = self.state
+        if not state.temperature[rows].any():
+            return GraphKind.GREEDY
+        top_k = state.top_k[rows]
+        if ((top_k > 0) & (top_k < self.vocab_size)).any() or (state.top_p[rows] < 1).any():
+            return GraphKind.FILTER
+        return GraphKind.SAMPLE
+
+    @staticmethod
+    def logprobs(logits: torch.Tensor, tokens: torch.Tensor, requests: list[Request]) -> TokenLogprobs | None:
+        """The sampled tokens' logprobs (raw logits), with as many alternatives as any request asks for;
+        None when none asks."""
+        k = max((r.params.logprobs for r in requests if r.params.logprobs is not None), default=None)
+        return None if k is None else score_tokens(logits, tokens, k)
+
+
+def graph_ready(request: Request) -> bool:
+    """Whether a request's next token can be sampled inside a graph step (temperature, top-k, top-p and
+    the seed are static buffers there; the logits processors' per-request state is not)."""
+    return not (needs_logits_processing(request) or request.params.prompt_logprobs is not None)

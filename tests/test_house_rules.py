@@ -1,0 +1,74 @@
+"""The rules of the house (DESIGN.md), checked: no file in minirunner/ over 300 lines, no object reaching
+into another's private members (ruff's SLF001 on minirunner/), the core never importing tools/, and no
+result handed over through an attribute of the runner."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "minirunner"
+MAX_LINES = 300
+
+
+def _modules():
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_no_file_in_the_runner_is_over_300_lines():
+    long = {str(p.relative_to(ROOT)): n for p in _modules()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"split these by concept (DESIGN.md, 'Small rooms'): {long}"
+
+
+def test_no_private_member_access_across_objects():
+    ruff = shutil.which("ruff")
+    cmd = [ruff] if ruff else [sys.executable, "-m", "ruff"]
+    proc = subprocess.run([*cmd, "check", "--select", "SLF001", "--output-format", "concise",
+                           str(PACKAGE)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+def test_the_core_never_imports_tools():
+    # The CLI is the entry point of `minirunner bench`, not part of the core.
+    core = [p for p in _modules() if "tools" not in p.relative_to(PACKAGE).parts and p.name != "cli.py"]
+    bad = {str(p.relative_to(ROOT)): sorted(m for m in _imports(p) if m.startswith("minirunner.tools"))
+           for p in core}
+    assert not {k: v for k, v in bad.items() if v}
+
+
+@pytest.mark.parametrize("name", ["last_step", "last_logprobs", "last_prompt_logprobs", "keep_logits",
+                                  "last_logits"])
+def test_no_result_travels_through_an_attribute(name):
+    # A step's results are return values (RunnerOutput, AppliedStep, EngineStep), not attributes one
+    # object sets for another to read.
+    hits = [str(p.relative_to(ROOT)) for p in _modules() if f".{name}" in p.read_text()]
+    assert not hits, hits
+
+
+def test_the_prepared_gpu_run_fits_in_five_minutes():
+    # The GPU branch of scripts/gpu_check.sh (after the dry-run branch's `else`) and the environment
+    # probe: their `timeout` limits add up to at most 300 s.
+    text = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    gpu_branch = text.split("\nelse\n", 1)[1].split("\nfi\n", 1)[0]
+    limits = [int(m) for m in re.findall(r"\btimeout (\d+)", gpu_branch)]
+    probe = [int(m) for m in re.findall(r'^timeout (\d+) "\$PY" - "\$REPORT_DIR/env.json"', text, re.M)]
+    assert len(limits) == 6 and len(probe) == 1
+    assert sum(limits) + probe[0] <= 300, (limits, probe)
