@@ -56,7 +56,15 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
         except (SafetensorError, OSError) as e:
             raise ValueError(f"checkpoint file {file.name!r} is corrupt or unreadable ({e}); "
                              "re-download or re-save the model") from e
-    missing = sorted(set(expected) - set(tensors))
+    return finish_loading(model, tensors, set(expected), model_dir, device)
+
+
+def finish_loading(model: DecoderLM, tensors: dict[str, torch.Tensor], expected: set[str],
+                   model_dir: str | Path, device) -> DecoderLM:
+    """Check that every ``expected`` tensor was read, assign them, tie lm_head, freeze, set RoPE and fuse
+    the projections: the end of loading a whole model or one rank's shard of it."""
+    config = model.config
+    missing = sorted(expected - set(tensors))
     if missing:
         raise ValueError(f"checkpoint in {str(model_dir)!r} lacks {len(missing)} tensors the "
                          f"config needs, e.g. {missing[:3]}; does config.json match the weights?")

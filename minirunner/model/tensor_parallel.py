@@ -30,8 +30,7 @@ from torch import nn
 from minirunner.config import ModelConfig
 from minirunner.distributed.group import TPContext
 from minirunner.model.decoder import DecoderLM
-from minirunner.model.loader import _weight_files
-from minirunner.model.rope import inverse_frequencies
+from minirunner.model.loader import _weight_files, finish_loading
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,19 +183,7 @@ def load_sharded_model(model_dir: str | Path, config: ModelConfig, dtype: torch.
         except (SafetensorError, OSError) as e:
             raise ValueError(f"checkpoint file {file.name!r} is corrupt or unreadable ({e}); "
                              "re-download or re-save the model") from e
-    missing = sorted(set(expected) - set(tensors))
-    if missing:
-        raise ValueError(f"checkpoint in {str(model_dir)!r} lacks {len(missing)} tensors the "
-                         f"config needs, e.g. {missing[:3]}; does config.json match the weights?")
-    model.load_state_dict(tensors, strict=False, assign=True)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    for p in model.parameters():
-        p.requires_grad_(False)
-    model.eval()
-    model.rotary.inv_freq = inverse_frequencies(
-        config.head_dim, config.rope_theta, config.rope_scaling).to(device)
-    model.fuse_projections()
+    finish_loading(model, tensors, set(expected), model_dir, device)
     for layer in model.model.layers:
         layer.self_attn.o = RowParallel(layer.self_attn.o, tp)
         layer.mlp.down = RowParallel(layer.mlp.down, tp)
