@@ -69,6 +69,13 @@ class Exercise:
         p.text(str(self))
 
 
+def parse_choice(answer: Any, choices) -> str | None:
+    """The letter of a multiple-choice answer ("b", " B ", "b) because ..." -> "b"), or None when its
+    first character is not one of ``choices``."""
+    choice = str(answer).strip().lower()[:1]
+    return choice if choice and choice in choices else None
+
+
 def parse_int(answer: Any) -> int | None:
     """An int from an int or a decimal/hex string ("0x1f"); None when it is neither."""
     if isinstance(answer, bool):

@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from simulators.buckets import check_ladder, padded_batch_size
-from simulators.exercises import Exercise, ImplementIt, Verdict
+from simulators.exercises import Exercise, ImplementIt, Verdict, parse_choice
 
 __all__ = ["CAPTURE_SNIPPETS", "make_capture_exercise", "make_padding_row_exercise",
            "expected_padding_rows", "make_ladder_exercise", "make_bucket_task"]
@@ -122,8 +122,8 @@ def make_padding_row_exercise(seed: int) -> Exercise:
                 f"{block_size} slots. Which padding row is safe? Answer a letter.\n{lines}")
 
     def diagnose(answer) -> Verdict:
-        choice = str(answer).strip().lower()[:1]
-        if choice not in options:
+        choice = parse_choice(answer, options)
+        if choice is None:
             return Verdict(False, f"answer one letter of {''.join(options)}")
         ok, why = options[choice][1], options[choice][2]
         return Verdict(ok, why)
@@ -174,8 +174,8 @@ def make_ladder_exercise(seed: int) -> Exercise:
                 f"\n{lines}")
 
     def diagnose(answer) -> Verdict:
-        choice = str(answer).strip().lower()[:1]
-        if choice not in ladders:
+        choice = parse_choice(answer, ladders)
+        if choice is None:
             return Verdict(False, 'answer "a", "b" or "c"')
         detail = ", ".join(f"{k}: {cost[k]:.2f} rows" for k in sorted(cost))
         if choice == best:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from simulators.buckets import capture_sizes, check_ladder, padded_batch_size
-from simulators.exercises import Exercise, ImplementIt, Verdict
+from simulators.exercises import Exercise, ImplementIt, Verdict, parse_choice
 
 MODES = ("eager", "graph", "graph_ladder", "async", "graph_async")
 __all__ = ["MODES", "Event", "StepResult", "simulate", "dispatch_us_per_token", "plot_timeline",
@@ -452,8 +452,8 @@ def make_remedy_exercise(seed: int) -> Exercise:
     what = {"a": "halving the launch cost", "b": "halving every kernel", "c": "one graph launch"}
 
     def diagnose(answer) -> Verdict:
-        choice = str(answer).strip().lower()[:1]
-        if choice not in options:
+        choice = parse_choice(answer, options)
+        if choice is None:
             return Verdict(False, 'answer "a", "b" or "c"')
         detail = ", ".join(f"{k}: {options[k]:g} µs" for k in sorted(options))
         if options[choice] == options[best]:

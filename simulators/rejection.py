@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from simulators.exercises import Exercise, ImplementIt, Verdict
+from simulators.exercises import Exercise, ImplementIt, Verdict, parse_choice
 
 __all__ = ["acceptance_probability", "residual", "emitted_distribution", "rejection_sample_chain",
            "acceptance_by_position", "chi2_sf", "chi_square", "make_acceptance_exercise",
@@ -281,8 +281,8 @@ def make_regime_exercise(seed: int) -> Exercise:
            "overhead": "overhead-bound: time = operators x host cost per operator, not FLOPs"}[name]
 
     def diagnose(answer) -> Verdict:
-        choice = str(answer).strip().lower()[:1]
-        if choice not in letters:
+        choice = parse_choice(answer, letters)
+        if choice is None:
             return Verdict(False, 'answer "a", "b" or "c".')
         if choice == answer_letter:
             return Verdict(True, why + ".")
