@@ -55,11 +55,16 @@ def get_backend_class(name: str) -> type[AttentionBackend]:
 def make_backend(config, model_config) -> AttentionBackend:
     """The attention backend an engine's config chooses, for a model of ``model_config`` (the target's
     and the draft's alike, and the KV profiler's throwaway one): the one place it is constructed."""
+    return backend_for(resolve_backend_name(config.attention_backend, config.device), model_config,
+                       config.block_size, config.device, config.dtype)
+
+
+def backend_for(name: str, model_config, block_size: int, device, dtype) -> AttentionBackend:
+    """Backend ``name`` for the heads of ``model_config`` (one rank's heads under tensor parallelism)."""
     mc = model_config
-    cls = get_backend_class(resolve_backend_name(config.attention_backend, config.device))
-    return cls(mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5, config.block_size,
-               config.device, config.dtype)
+    return get_backend_class(name)(mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5,
+                                   block_size, device, dtype)
 
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "BACKENDS", "get_backend_class", "make_backend",
-           "resolve_backend_name"]
+__all__ = ["AttentionBackend", "AttentionMetadata", "BACKENDS", "backend_for", "get_backend_class",
+           "make_backend", "resolve_backend_name"]

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from minirunner.attention import AttentionMetadata, get_backend_class
+from minirunner.attention import AttentionMetadata, backend_for
 from minirunner.config import ModelConfig, parse_dtype
 from minirunner.distributed.group import TPContext
 from minirunner.model.loader import load_model
 from minirunner.model.tensor_parallel import load_sharded_model
+from minirunner.worker.model_runner import allocate_kv_caches
 
 
 @dataclass
@@ -70,12 +71,8 @@ class ShardWorker:
             self.model = load_sharded_model(model_dir, full, self.dtype, self.device, tp)
         cfg = self.model.config  # this rank's heads
         self.block_size = block_size
-        self.backend = get_backend_class(attention_backend)(
-            cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim ** -0.5, block_size,
-            self.device, self.dtype)
-        shape = (num_blocks + 1, 2, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
-                          for _ in range(cfg.num_layers)]
+        self.backend = backend_for(attention_backend, cfg, block_size, self.device, self.dtype)
+        self.kv_caches = allocate_kv_caches(cfg, num_blocks, block_size, self.dtype, self.device)
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> torch.Tensor | None:

@@ -30,6 +30,14 @@ from minirunner.worker.sampler import Sampler, graph_ready
 from minirunner.worker.states import RequestStateRows
 
 
+def allocate_kv_caches(cfg, num_blocks: int, block_size: int, dtype: torch.dtype,
+                       device: torch.device) -> list[torch.Tensor]:
+    """One [num_blocks + 1, 2, block_size, num_kv_heads, head_dim] tensor per layer: K is [:, 0], V is
+    [:, 1], and the extra block is the null block that padding rows (slot -1) may write."""
+    shape = (num_blocks + 1, 2, block_size, cfg.num_kv_heads, cfg.head_dim)
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
+
+
 class ModelRunner:
     def __init__(self, model: DecoderLM, backend: AttentionBackend, num_blocks: int,
                  block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
@@ -38,9 +46,7 @@ class ModelRunner:
         self.model, self.backend = model, backend
         self.device, self.dtype = backend.device, backend.dtype
         self.block_size = block_size
-        shape = (num_blocks + 1, 2, block_size, cfg.num_kv_heads, cfg.head_dim)  # + the null block
-        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
-                          for _ in range(cfg.num_layers)]
+        self.kv_caches = allocate_kv_caches(cfg, num_blocks, block_size, self.dtype, self.device)
         self.max_blocks_per_seq = cdiv(max_model_len, block_size)
         self.state = RequestStateRows(2 * max_num_seqs, self.max_blocks_per_seq)
         self.buffers = StepBuffers(self.device, max_num_batched_tokens, max_num_seqs,
