@@ -53,8 +53,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                         '"num_speculative_tokens": 3}\' or \'{"method": "draft_model", '
                         '"num_speculative_tokens": 3}\' (the embedded draft on the embedded model)')
     p.add_argument("--async-scheduling", action="store_true",
-                   help="with a draft-model --speculative-config and graphs: launch each speculative "
-                        "step before the host has read the previous one's tokens")
+                   help="launch each step before the host has read the previous one's tokens "
+                        "(vLLM's async scheduling; the outputs are the synchronous engine's)")
     p.add_argument("--num-threads", default="auto",
                    help="CPU threads for torch: auto = one per core; 1 is faster on a machine "
                         "shared with other busy jobs")

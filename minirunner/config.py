@@ -155,7 +155,7 @@ class EngineConfig:
     graph_mode: str = "none"  # "auto" | "none" | "cuda" | "compile": resolve_graph_mode
     cudagraph_capture_sizes: list[int] | None = None  # the bucket ladder (None: cudagraph.capture_sizes)
     speculative_config: dict | None = None  # parsed by minirunner.spec_decode.config.SpeculativeConfig
-    async_scheduling: bool = False  # draft-model steps scheduled one step ahead (spec_decode/async_loop.py)
+    async_scheduling: bool = False  # launch step N + 1 before reading step N (engine/in_flight.py)
     tokenizer: str | None = None  # a tokenizer directory other than the model's (vLLM's `tokenizer`)
     tokenizer_mode: str = "auto"  # "auto" / "hf": the fast tokenizer when there is one; "slow"
     max_logprobs: int = 20  # the most logprobs / prompt_logprobs a request may ask for (vLLM's default)
@@ -168,10 +168,6 @@ class EngineConfig:
             raise ValueError(f"graph_mode='compile' needs attention_backend='torch' (got "
                              f"{self.attention_backend!r}): torch.compile traces the torch backend; the "
                              "Triton/FlashInfer kernels are captured with graph_mode='cuda'")
-        if self.async_scheduling and self.graph_mode not in ("cuda", "compile"):
-            raise ValueError(f"async_scheduling runs the speculative steps as graph replays, which "
-                             f"graph_mode={self.graph_mode!r} does not: use graph_mode='cuda' (GPU) or "
-                             "'compile' (CPU)")
         if not (self.num_threads in (None, "auto") or (isinstance(self.num_threads, int)
                                                         and self.num_threads >= 1)):
             raise ValueError(f"num_threads must be 'auto', None (leave torch's setting) or an integer "

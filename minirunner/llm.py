@@ -79,9 +79,8 @@ class LLM:
         graph per decode bucket), "compile" (torch.compile per bucket: the CPU analogue).
         ``enforce_eager=True`` is vLLM's name for graph_mode="none". ``cudagraph_capture_sizes``: the
         bucket ladder (default [1, 2, 4, 8] then multiples of 8 up to max_num_seqs).
-        ``async_scheduling=True`` (with a draft-model ``speculative_config`` and graphs): a steady batch's
-        next speculative step is launched before the host reads this one's accepted tokens
-        (minirunner/spec_decode/async_loop.py); the tokens are those of the synchronous engine.
+        ``async_scheduling=True``: each step is launched before the host reads the previous one's tokens
+        (minirunner/engine/in_flight.py); the outputs are those of the synchronous engine.
         The keyword-only arguments are vLLM's, with vLLM's meaning (README: the LLM(...) table);
         ``generation_config``: "auto" takes default sampling parameters from the model's
         generation_config.json, "vllm" ignores it. Other vLLM arguments go to llm_args.py."""

@@ -103,7 +103,9 @@ def collect_step_logprobs(requests: dict, scheduled, prompt_scores: dict, sample
     logprobs (one row per sampling request, in order) to the requests that asked for them. A request
     with ``detokenize=False`` gets ``decoded_token`` None, as in vLLM."""
     for rid, (first, scored) in prompt_scores.items():
-        request = requests[rid]
+        request = requests.get(rid)
+        if request is None or request.is_finished:  # aborted since its step was launched
+            continue
         assert first == len(request.prompt_logprobs), "prompt logprobs out of order"
         k = request.params.prompt_logprobs
         request.prompt_logprobs += as_dicts(_rows(scored, 0, len(scored.token_ids), k),
@@ -112,7 +114,7 @@ def collect_step_logprobs(requests: dict, scheduled, prompt_scores: dict, sample
         return
     for i, s in enumerate(s for s in scheduled if s.samples):
         request = s.request
-        if request.logprobs is None:
+        if request.logprobs is None or request.is_finished:  # finished since the step was launched
             continue
         row = _rows(sampled, i, i + 1, request.params.logprobs)
         request.logprobs += as_dicts(row, decode if request.params.detokenize else None)

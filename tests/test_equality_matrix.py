@@ -23,9 +23,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 TIGHT = dict(device="cpu", attention_backend="torch", block_size=4, num_kv_blocks=26, max_num_seqs=2,
              max_num_batched_tokens=16, enable_prefix_caching=True)
 PROMPTS = 6
-# Supported: async scheduling launches draft-model steps ahead, as graph replays (README, "Async
-# scheduling"). Every other async combination is refused at construction.
-SUPPORTED_ASYNC = {("compile", "draft_model")}
+# Every combination is supported (README, "Async scheduling"): none is refused at construction.
+SUPPORTED_ASYNC = set(itertools.product(["none", "compile"], ["none", "ngram", "draft_model"]))
 
 
 def _engine(pair, graph_mode, async_scheduling, proposer, **extra):  # noqa: F811

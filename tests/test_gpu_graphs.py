@@ -1,7 +1,8 @@
 """CUDA-graph decode on a GPU: greedy tokens of graph_mode="cuda" equal eager ones on the torch, triton and
 (when installed) flashinfer backends for batches on and between rungs, and a replay never syncs with the
 host; the speculative verify step captured as a bucket gives plain greedy output, and so do speculative
-steps scheduled ahead (async_scheduling), whose launches never sync with the host. Skipped without CUDA.
+steps scheduled ahead (async_scheduling), whose launches never sync with the host, as plain decode steps
+launched ahead do not. Skipped without CUDA.
 Written with the CPU tests' shapes; not yet run on a GPU.
 """
 
@@ -127,12 +128,46 @@ def test_async_speculation_is_lossless_and_never_waits_for_the_device(model_dir,
     ahead.generate(prompts, sampled, use_tqdm=False)  # captures the sampled kinds too
     assert [o.outputs[0].token_ids for o in ahead.generate(prompts, greedy, use_tqdm=False)] == want
     assert any(t["scheduled_ahead"] for t in ahead.get_step_trace())
-    loop = ahead.engine.async_spec
-    loop.check_no_sync = True
-    launched = loop.num_launched
+    engine = ahead.engine
+    engine.check_no_sync = True
+    launched = engine.chain.num_launched
     try:
         for params in (greedy, sampled):
             ahead.generate(prompts, params, use_tqdm=False)  # raises on a sync inside a launch
     finally:
-        loop.check_no_sync = False
-    assert loop.num_launched > launched
+        engine.check_no_sync = False
+    assert engine.chain.num_launched > launched
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_async_plain_decode_equals_eager_and_never_waits_between_steps(model_dir, backend):
+    """async_scheduling=True without speculation under graph_mode="cuda": greedy and seeded output equal
+    the synchronous eager engine's, and in a steady decode batch, preparing and launching step N + 1
+    (its inputs, the last tokens gathered from step N's samples on the device, the replay) never syncs
+    with the host while step N is in flight."""
+    eager = _llm(model_dir, backend, "none")
+    ahead = LLM(model_dir, dtype="bfloat16", device="cuda", attention_backend=backend, block_size=16,
+                num_kv_blocks=48, enable_prefix_caching=True, max_num_seqs=16,
+                cudagraph_capture_sizes=LADDER, graph_mode="cuda", async_scheduling=True)
+    prompts = _prompts(6, seed=4)
+    for params in (SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True),
+                   SamplingParams(temperature=0.8, top_p=0.9, seed=2, max_tokens=32, ignore_eos=True)):
+        want = [o.outputs[0].token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
+        got = [o.outputs[0].token_ids for o in ahead.generate(prompts, params, use_tqdm=False)]
+        assert got == want
+    engine = ahead.engine
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    for p in prompts:
+        engine.add_request(p, greedy)
+    while engine.pending is None or any(r.num_computed_tokens < r.num_tokens - 1
+                                        for r in engine.scheduler.running):
+        engine.step()  # prefills (eager) and the first decode steps
+    engine.check_no_sync = True
+    try:
+        for _ in range(8):
+            engine.step()  # raises on a sync while a step is launched ahead
+    finally:
+        engine.check_no_sync = False
+    assert any(t["scheduled_ahead"] and t["graph"] == "cuda" for t in ahead.get_step_trace())
+    while engine.has_unfinished_requests():
+        engine.step()

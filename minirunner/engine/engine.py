@@ -4,9 +4,9 @@ Owns the live requests and their n-way groups, admission (a request refused rais
 every other request untouched), abort (frees only that request's blocks) and the step itself. The parts
 are built once by engine/build.py; a step's results travel as return values: the runner's RunnerOutput
 (worker/runner_output.py) is applied by the OutputProcessor (engine/output_processor.py) and recorded by
-the StepTracer (engine/trace.py). With ``async_scheduling``, a steady speculative batch's steps are
-launched one step ahead by spec_decode/async_loop.py, which applies them through the same output
-processor and tracer.
+the StepTracer (engine/trace.py). With ``async_scheduling`` the same loop launches step N + 1 before
+it reads step N (engine/in_flight.py says when it may; a draft model's steady batch is launched by
+spec_decode/draft_chain.py, on the device); every step is read and applied the same way.
 """
 
 from __future__ import annotations
@@ -21,16 +21,17 @@ import torch
 from minirunner.config import EngineConfig, ModelConfig
 from minirunner.engine.build import build_engine
 from minirunner.engine.detokenizer import IncrementalDetokenizer
+from minirunner.engine.in_flight import InFlightStep, may_continue
 from minirunner.engine.input_processor import InputProcessor, ProcessedPrompt
 from minirunner.engine.output_processor import OutputProcessor
 from minirunner.engine.parallel_sampling import child_id, child_seed
 from minirunner.engine.request import Request
-from minirunner.engine.scheduler import SchedulerOutput
 from minirunner.engine.trace import StepTracer
 from minirunner.generation_config import generation_eos_ids
 from minirunner.outputs import RequestOutput, build_request_output
 from minirunner.sampling_params import SamplingParams
-from minirunner.spec_decode.async_loop import AsyncSpeculation
+from minirunner.spec_decode.async_utils import sync_check
+from minirunner.spec_decode.draft_chain import DraftChain
 from minirunner.tokenizer import load_tokenizer
 from minirunner.worker.runner_output import RunnerOutput, StepGraphInfo
 
@@ -59,19 +60,15 @@ class LLMEngine:
         self.num_threads, self.model, self.backend = parts.num_threads, parts.model, parts.backend
         self.num_kv_blocks, self.kv, self.block_pool = parts.num_kv_blocks, parts.kv, parts.kv.pool
         self.scheduler, self.runner, self.spec = parts.scheduler, parts.runner, parts.spec
-        self.async_spec = None
-        if config.async_scheduling:
-            if parts.spec_config is None or parts.spec_config.method != "draft_model":
-                raise ValueError("async_scheduling schedules the draft-model speculative step one step "
-                                 "ahead: pass speculative_config={'method': 'draft_model', ...} (n-gram "
-                                 "lookup reads the accepted tokens on the host), or async_scheduling=False")
-            if not self.backend.supports_verify_graphs:
-                raise ValueError(f"async_scheduling needs an attention backend whose graph steps plan on "
-                                 f"the device (torch or triton), not {self.backend.name!r}")
-            self.async_spec = AsyncSpeculation(self)
+        self.pending: InFlightStep | None = None  # async scheduling: the step launched, not yet read
+        self.check_no_sync = False  # CUDA: raise if preparing and launching a step waits for the device
+        self.chain = None  # async scheduling of a draft model's steady batches on the device
+        if config.async_scheduling and parts.spec_config is not None \
+                and parts.spec_config.method == "draft_model" and DraftChain.supports(self.runner):
+            self.chain = DraftChain(self.spec, self.runner, self.kv, self.scheduler, config.device)
         self.input_processor = InputProcessor(self.tokenizer, mc.vocab_size, config.max_model_len,
                                               config.max_logprobs, self.kv.reservation_blocks,
-                                              lambda: self.num_kv_blocks)
+                                              lambda: self.num_kv_blocks, config.kv_layout == "paged")
         self.output_processor = OutputProcessor(self.tokenizer, self.kv)
         self.tracer = StepTracer(self.kv, self.scheduler, config.block_size, config.trace_block_tables)
         self.trace = self.tracer.trace
@@ -86,9 +83,7 @@ class LLMEngine:
 
     def process_input(self, prompt, params: SamplingParams | None = None) -> ProcessedPrompt:
         """Validate one request without queueing it (engine/input_processor.py); raises ValueError."""
-        processed = self.input_processor.process(prompt, params or SamplingParams())
-        self._check_params(processed.params)
-        return processed
+        return self.input_processor.process(prompt, params or SamplingParams())
 
     def add_request(self, prompt, params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
@@ -125,23 +120,6 @@ class LLMEngine:
         self.scheduler.add(group[0])
         return request_id
 
-    def _check_params(self, params: SamplingParams) -> None:
-        """The checks that need the model: token ids in the vocabulary, a tokenizer for stop strings."""
-        vocab = self.model_config.vocab_size
-        bad = sorted(t for t in (params.logit_bias or {}) if t >= vocab)
-        if bad:
-            raise ValueError(f"logit_bias names token ids {bad[:5]} outside the vocabulary "
-                             f"[0, {vocab}): use ids of this model's tokenizer")
-        bad = sorted(t for t in params.stop_token_ids if t >= vocab)
-        if bad:
-            raise ValueError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer but this model directory has none: use "
-                             "stop_token_ids instead")
-        if params.n > 1 and self.config.kv_layout != "paged":
-            raise ValueError(f"n={params.n} completions share the prompt's KV blocks, which a contiguous "
-                             "reservation cannot: use kv_layout='paged', or n=1")
-
     def abort_request(self, request_id: str) -> None:
         """Abort a request (every completion of a group id, or one completion by its own id): only
         its blocks are freed; full blocks it computed stay in the prefix cache."""
@@ -171,17 +149,8 @@ class LLMEngine:
         if self.spec is not None:
             self.spec.proposer.free(request.request_id)
 
-    def _step_failed(self, sched) -> None:
-        """The step raised mid-forward: blocks it registered in the prefix cache may hold half-written
-        K/V, so forget their keys, and abort the requests it ran (their K/V is in an unknown state)."""
-        self.kv.drop_step_cache()
-        for s in sched.scheduled:
-            if not s.request.is_finished:
-                self.free_request(s.request)
-                s.request.finish("abort")
-
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self.pending is not None
 
     # -- the loop -------------------------------------------------------------------------------
     def step(self) -> list[tuple[Request, list[int]]]:
@@ -190,12 +159,45 @@ class LLMEngine:
         return self.execute_step().produced
 
     def execute_step(self) -> EngineStep:
-        """One step: propose → schedule → execute → apply → trace. Returns what it produced and the
-        runner's output (its raw logits, for tests and notebooks that compare them)."""
-        if self.async_spec is not None:
-            produced = self.async_spec.step()  # None: this step runs synchronously, below
-            if produced is not None:
-                return EngineStep(produced)
+        """One step: propose → schedule → execute (launch) → apply → trace. Synchronous: the step is
+        launched and applied here. With ``async_scheduling`` the step launched here is applied by the
+        next call, after that call launched its own (vLLM's async scheduling: step N + 1 is queued
+        before step N's tokens are read; stop checks run one step late). A step in flight whose
+        requests cannot continue without the host (engine/in_flight.py) is read first, launching
+        nothing: the next call then runs as the synchronous engine does."""
+        prev, self.pending = self.pending, None
+        try:
+            launched = self._launch_next(prev)
+        except BaseException:  # the step in flight stays in flight, unless a chain took its requests
+            self.pending = prev if prev is not None and not prev.chained else None
+            raise
+        done = self._finish(prev, end_chain=launched is None or not launched.chained) \
+            if prev is not None else EngineStep([])
+        if launched is None:
+            return done
+        if self.config.async_scheduling:
+            self.pending = launched
+            return done
+        return self._finish(launched)
+
+    def _launch_next(self, prev: InFlightStep | None) -> InFlightStep | None:
+        """The next step, launched: a chained speculative step when the draft chain can build one on the
+        device; else a scheduled step, unless ``prev`` must be read first (None)."""
+        if self.chain is not None and (prev is None or prev.chained):
+            try:
+                launched = self.chain.launch(prev, self.check_no_sync)
+            except BaseException:
+                self._abort_failed(list(self.scheduler.running))  # a chain runs every running request
+                raise
+            if launched is not None or prev is not None:
+                return launched
+        drafting = self.spec is not None and self.spec.choose_k(len(self.scheduler.running)) > 0
+        if prev is not None and not may_continue(prev, drafting):
+            return None
+        return self._launch(prev)
+
+    def _launch(self, prev: InFlightStep | None) -> InFlightStep | None:
+        """Propose, schedule and launch one step (None: nothing to run; the idle step is traced)."""
         t0 = time.perf_counter()
         self.kv.begin_step()
         propose_s = 0.0
@@ -209,33 +211,54 @@ class LLMEngine:
         if not sched.scheduled:
             self.tracer.record(sched, [], self.tracer.occupancy(), 0, time.perf_counter() - t0,
                                StepGraphInfo())
-            return EngineStep([])
-        out, verify_s = self._execute(sched)
-        sampling = [s for s in sched.scheduled if s.samples]  # before apply moves the counts on
-        applied = self.output_processor.apply(sched, out, self.requests)
+            return None
+        t1 = time.perf_counter()
+        try:
+            draft_probs = self.spec.draft_probs(sched.scheduled) if self.spec is not None else None
+            copies = self.kv.take_copies()  # copy-on-write of shared blocks, before any write
+            self.runner.copy_blocks([c[0] for c in copies], [c[1] for c in copies])
+            with sync_check(self.check_no_sync and prev is not None, self.runner.device):
+                output = self.runner.execute(sched, self.kv, draft_probs,
+                                             prev.output.prev_sampled() if prev is not None else None)
+        except BaseException:
+            self._abort_failed([s.request for s in sched.scheduled])
+            raise
+        self.scheduler.update_after_launch(sched)
+        return InFlightStep(sched, output, t0, propose_s, time.perf_counter() - t1, ahead=prev is not None)
+
+    def _abort_failed(self, requests) -> None:
+        """A launch raised: abort the requests it was to run (their K/V is in an unknown state) and forget
+        the prefix-cache keys of the blocks it registered (they may be half-written)."""
+        self.kv.drop_step_cache()
+        for request in requests:
+            if not request.is_finished:
+                self.free_request(request)
+                request.finish("abort")
+
+    def _finish(self, step: InFlightStep, end_chain: bool = True) -> EngineStep:
+        """Read a launched step (waiting for it only) and apply it: tokens with stop checks, forks,
+        speculative rollback and metrics, finished requests freed, a trace entry."""
+        out = step.output.get_output()
+        # the requests still live: what the step computed for one finished since is discarded
+        live = [(s, run) for s, run in zip([s for s in step.sched.scheduled if s.samples], out.runs,
+                                           strict=True) if not s.request.is_finished]
+        applied = self.output_processor.apply(step.sched, out, self.requests)
         for children in applied.forked:
             self.scheduler.add_forked(children)
-        spec_runs = {} if self.spec is None else self.spec.verified(sampling, out.runs, verify_s, self.kv)
+        spec_runs = {}
+        if self.spec is not None:
+            trim = not step.chained or end_chain  # a chained step in flight still writes those blocks
+            spec_runs = self.spec.verified([s for s, _ in live], [run for _, run in live], self.kv,
+                                           step.propose_s, step.verify_s, trim)
+            if step.chained:
+                self.chain.applied(step.sched, out.runs, end_chain)
         occupancy = self.tracer.occupancy()  # the step's peak: before finished requests free blocks
         for request in applied.done:
             self.free_request(request)
-        self.tracer.record(sched, applied.finished, occupancy,
-                           sum(len(tokens) for _, tokens in applied.produced), time.perf_counter() - t0,
-                           out.graph, spec_runs, propose_s, verify_s)
+        self.tracer.record(step.sched, applied.finished, occupancy,
+                           sum(len(tokens) for _, tokens in applied.produced), time.perf_counter() - step.t0,
+                           out.graph, spec_runs, step.propose_s, step.verify_s, step.ahead or step.chained)
         return EngineStep(applied.produced, out)
-
-    def _execute(self, sched: SchedulerOutput) -> tuple[RunnerOutput, float]:
-        """Copy-on-write, then the runner's step; a step that raises aborts the requests it ran."""
-        draft_probs = self.spec.draft_probs(sched.scheduled) if self.spec is not None else None
-        try:
-            copies = self.kv.take_copies()  # copy-on-write of shared blocks, before any write
-            self.runner.copy_blocks([c[0] for c in copies], [c[1] for c in copies])
-            t1 = time.perf_counter()
-            out = self.runner.execute(sched, self.kv, draft_probs)
-            return out, time.perf_counter() - t1
-        except BaseException:
-            self._step_failed(sched)
-            raise
 
     def take_text_delta(self, request: Request) -> str:
         """Text of ``request`` not streamed yet that can never be taken back (see detokenizer.py)."""

@@ -66,10 +66,11 @@ class InputProcessor:
     """Tokenises and validates one request at a time against one engine's model and KV pool."""
 
     def __init__(self, tokenizer, vocab_size: int, max_model_len: int, max_logprobs: int,
-                 reservation_blocks, num_kv_blocks):
+                 reservation_blocks, num_kv_blocks, paged: bool = True):
         """reservation_blocks: max_len -> the blocks a request of that length may need at most;
-        num_kv_blocks: () -> the blocks the pool hands out."""
-        self.tokenizer = tokenizer
+        num_kv_blocks: () -> the blocks the pool hands out; paged: the KV layout is paged (n > 1
+        completions share the prompt's blocks, which a contiguous reservation cannot)."""
+        self.tokenizer, self.paged = tokenizer, paged
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.max_logprobs = max_logprobs
@@ -156,10 +157,19 @@ class InputProcessor:
             if value is not None and value > self.max_logprobs:
                 raise ValueError(f"{name}={value} is more than max_logprobs={self.max_logprobs}: ask "
                                  "for fewer, or raise LLM(max_logprobs=...)")
-        bad = [t for t in params.allowed_token_ids or () if t >= self.vocab_size]
-        if bad:
-            raise ValueError(f"allowed_token_ids {bad[:5]} are outside the vocabulary [0, "
-                             f"{self.vocab_size})")
+        vocab = self.vocab_size
+        for name, ids in (("allowed_token_ids", params.allowed_token_ids or ()),
+                          ("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
+            bad = sorted(t for t in ids if t >= vocab)
+            if bad:
+                raise ValueError(f"{name} names token ids {bad[:5]} outside the vocabulary [0, {vocab}): "
+                                 "use ids of this model's tokenizer")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer but this model directory has none: use "
+                             "stop_token_ids instead")
+        if params.n > 1 and not self.paged:
+            raise ValueError(f"n={params.n} completions share the prompt's KV blocks, which a contiguous "
+                             "reservation cannot: use kv_layout='paged', or n=1")
         if not params.bad_words:
             return params
         if self.tokenizer is None:

@@ -35,17 +35,20 @@ class OutputProcessor:
         self._token_text: dict[int, str] = {}
 
     def apply(self, scheduler_output, runner_output, requests: dict[str, Request]) -> AppliedStep:
-        """Apply one synchronous step: logprobs, counts, tokens with stop checks. ``requests``: every
-        live request by id (prompt logprobs may belong to a request that did not sample)."""
+        """Apply one launched step once its tokens are read: logprobs, then tokens with stop checks (the
+        counts moved on at launch, ``Scheduler.update_after_launch``; the placeholders are taken back
+        here). ``requests``: every live request by id (prompt logprobs may belong to a request that did
+        not sample). A request that finished or was aborted since the launch gets nothing: what the step
+        computed for it is discarded (async scheduling checks stops one step late)."""
         scheduled = scheduler_output.scheduled
         collect_step_logprobs(requests, scheduled, runner_output.prompt_logprobs, runner_output.logprobs,
                               self.decode_token)
-        sampling = [s for s in scheduled if s.samples]  # before the counts move on
-        for s in scheduled:
-            s.request.num_computed_tokens += s.num_new_tokens
         out = AppliedStep()
-        for s, run in zip(sampling, runner_output.runs, strict=True):
-            self.append_run(s.request, run, out)
+        for s, run in zip([s for s in scheduled if s.samples], runner_output.runs, strict=True):
+            request = s.request
+            request.num_output_placeholders -= 1 + len(s.draft_token_ids)
+            if not request.is_finished:
+                self.append_run(request, run, out)
         return out
 
     def append_run(self, request: Request, run: list[int], out: AppliedStep) -> None:

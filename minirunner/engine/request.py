@@ -36,6 +36,7 @@ class Request(RunnableSequence):
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = 0  # of those, how many came from the prefix cache at admission
+    num_output_placeholders: int = 0  # tokens a launched step may emit that the host has not read yet
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: str | int | None = None

@@ -25,15 +25,22 @@ from minirunner.kv.manager import KVCacheManager
 
 @dataclass
 class ScheduledRequest:
-    request: Request
-    num_new_tokens: int  # query tokens this step, starting at request.num_computed_tokens
-    draft_token_ids: list[int] = field(default_factory=list)  # speculative tokens after the known ones
+    """One request's share of a step, fixed when it is scheduled: ``start`` (its computed tokens then:
+    the step's first query position) and ``samples`` (does the step reach the end of its tokens, known
+    or in flight, so a new token is sampled?). The request's own counts move on once the step is
+    launched, possibly before the step's tokens are read (async scheduling)."""
 
-    @property
-    def samples(self) -> bool:
-        """Does this step reach the end of the request's known tokens (so a new token is sampled)?"""
-        return self.request.num_computed_tokens + self.num_new_tokens \
-            == self.request.num_tokens + len(self.draft_token_ids)
+    request: Request
+    num_new_tokens: int  # query tokens this step, starting at position ``start``
+    draft_token_ids: list[int] = field(default_factory=list)  # speculative tokens after the known ones
+    start: int = field(init=False)
+    samples: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        r = self.request
+        self.start = r.num_computed_tokens
+        self.samples = self.start + self.num_new_tokens \
+            == r.num_tokens + r.num_output_placeholders + len(self.draft_token_ids)
 
 
 @dataclass
@@ -65,6 +72,15 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def update_after_launch(self, out: SchedulerOutput) -> None:
+        """A step was launched: its requests' computed counts move on, and each request that samples
+        holds one placeholder per token it may emit (1, or 1 + drafts) until the step is read
+        (vLLM's ``_update_after_schedule``; ``OutputProcessor.apply`` takes them back)."""
+        for s in out.scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+            if s.samples:
+                s.request.num_output_placeholders += 1 + len(s.draft_token_ids)
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
@@ -73,7 +89,12 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_known = request.num_tokens - request.num_computed_tokens
+            # tokens sampled by a step still in flight count as known: the device feeds them
+            num_known = request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
+            if request.num_output_placeholders and (
+                    request.num_tokens + request.num_output_placeholders >= request.max_len):
+                i += 1  # it ends when its token in flight is read
+                continue
             num_new = min(num_known + len(request.spec_token_ids), budget)
             while not self.kv.allocate(request, num_new):
                 if self._release_waiting_blocks():
@@ -98,6 +119,8 @@ class Scheduler:
         while self.waiting and not out.preempted and budget > 0 \
                 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if request.num_output_placeholders:
+                break  # preempted with a token in flight: admitted once it is read (FCFS)
             cached = self.kv.find_cached_prefix(request)
             remaining = request.num_tokens - request.num_computed_tokens \
                 - len(cached) * self.kv.block_size
@@ -116,7 +139,8 @@ class Scheduler:
             self.running.append(request)
             out.scheduled.append(ScheduledRequest(request, num_new))
             budget -= num_new
-        if not out.scheduled and not out.preempted and self.has_unfinished():
+        in_flight = any(r.num_output_placeholders for r in itertools.chain(self.running, self.waiting))
+        if not out.scheduled and not out.preempted and self.has_unfinished() and not in_flight:
             head = self.waiting[0]
             raise RuntimeError(
                 f"the scheduler cannot make progress: request {head.request_id} ({head.num_tokens} "

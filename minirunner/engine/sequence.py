@@ -15,14 +15,16 @@ from minirunner.sampling_params import SamplingParams
 
 
 class RunnableSequence(Protocol):
-    """request_id; num_computed_tokens (tokens with K/V in the cache); num_tokens and token_buffer
-    (int64, valid up to num_tokens: the tokens known); params and seed (the sampling parameters of its
+    """request_id; num_computed_tokens (tokens with K/V in the cache); num_output_placeholders (tokens
+    a launched step may emit, not read yet); num_tokens and token_buffer (int64, valid up to num_tokens:
+    the tokens known); params and seed (the sampling parameters of its
     rows in the runner); output_token_ids (tokens generated so far: min_tokens and penalties read them)."""
 
     # Annotations only (no properties here): a dataclass field or a property of an implementation
     # satisfies each, and nothing of the protocol's shadows a field.
     request_id: str
     num_computed_tokens: int
+    num_output_placeholders: int  # tokens a launched step may emit that the host has not read yet
     num_tokens: int
     token_buffer: np.ndarray
     params: SamplingParams

@@ -56,7 +56,7 @@ class StepTrace:
     num_accepted_tokens: int = 0
     propose_s: float = 0.0
     verify_s: float = 0.0
-    # launched before the host read the previous step's tokens (async_scheduling: spec_decode/async_loop.py)
+    # launched before the host read the previous step's tokens (async_scheduling: engine/in_flight.py)
     scheduled_ahead: bool = False
 
 
@@ -87,11 +87,9 @@ class StepTracer:
     def record(self, sched, finished: list[str], occupancy: dict, num_output_tokens: int,
                duration: float, graph, spec_runs: dict | None = None, propose_s: float = 0.0,
                verify_s: float = 0.0, scheduled_ahead: bool = False) -> StepTrace:
-        """Append the entry of a step that ran ``sched`` (a SchedulerOutput; the requests' counts already
-        advanced), how it ran (``graph``: a StepGraphInfo) and, for a speculative step, its runs."""
-        prefill = sum(s.num_new_tokens for s in sched.scheduled
-                      if s.request.num_computed_tokens - s.num_new_tokens
-                      < len(s.request.prompt_token_ids))
+        """Append the entry of a step that ran ``sched`` (a SchedulerOutput), how it ran (``graph``: a
+        StepGraphInfo) and, for a speculative step, its runs."""
+        prefill = sum(s.num_new_tokens for s in sched.scheduled if s.start < len(s.request.prompt_token_ids))
         spec_runs = spec_runs or {}
         entry = StepTrace(
             step=self.num_steps,

@@ -1,5 +1,5 @@
-"""Helpers of the step launched ahead (spec_decode/async_loop.py): the record of a launched step, host
-arrays staged for non-blocking copies, the no-sync check, and merging two steps' tokens.
+"""Helpers of the draft chain (spec_decode/draft_chain.py): the device state of a chained step, host
+arrays staged for non-blocking copies, and the no-sync check.
 
 Owns nothing with state; it never launches or reads a step itself.
 """
@@ -16,20 +16,14 @@ from minirunner.engine.request import Request
 
 
 @dataclass(eq=False)
-class LaunchedStep:
-    """A step on the device whose runs the host has not read yet."""
+class ChainState:
+    """What the next chained step is built from, on the device, before the host reads this one."""
 
     requests: list[Request]
     k: int
-    bucket: int
     start: torch.Tensor  # int64 [n]: position of each request's first verify token (its last known one)
     ids: torch.Tensor  # int64 [n, k + 1]: the verify step's tokens (last known token, then k drafts)
     runs: torch.Tensor  # int64 [n, k + 1]: emitted runs, -1 after each ends (own storage)
-    host: torch.Tensor | None  # pinned copy of runs (CUDA), valid once ``ready`` has passed
-    ready: torch.cuda.Event | None
-    propose_s: float
-    verify_s: float
-    t0: float
 
 
 def staged(device: torch.device, arr: np.ndarray) -> torch.Tensor:
@@ -61,14 +55,3 @@ def _sync_debug_error():
         yield
     finally:
         torch.cuda.set_sync_debug_mode(old)
-
-
-def merge_produced(first: list[tuple[Request, list[int]]], second: list[tuple[Request, list[int]]]):
-    """Two steps' (request, tokens) lists as one: a request's tokens concatenated, first-seen order."""
-    out: dict[int, tuple[Request, list[int]]] = {}
-    for r, tokens in first + second:
-        if id(r) in out:
-            out[id(r)][1].extend(tokens)
-        else:
-            out[id(r)] = (r, list(tokens))
-    return list(out.values())

@@ -49,6 +49,7 @@ class DraftSequence(RunnableSequence):
     tokens: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_verified: int = 0  # tokens[:num_verified] were the request's verified tokens at the last call
+    num_output_placeholders: int = 0  # the draft's passes are read at once: never any in flight
     params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
     seed: int = 0
 

@@ -36,7 +36,6 @@ class Speculator:
             if config.dynamic_k == "acceptance" else None
         self.stats = SpecStats()
         self._probs: dict[str, torch.Tensor] = {}
-        self._propose_s = 0.0  # the last propose's host time, counted with what its step accepts
 
     def reset_stats(self) -> None:
         """Start the engine-wide metrics afresh (a benchmark measures one run)."""
@@ -74,8 +73,7 @@ class Speculator:
                 request.spec_token_ids = tokens
                 if probs is not None:
                     self._probs[rid] = probs
-        self._propose_s = time.perf_counter() - t0
-        return self._propose_s
+        return time.perf_counter() - t0
 
     def draft_probs(self, scheduled: list[ScheduledRequest]) -> torch.Tensor | None:
         """q of every draft token of this step, in order ([num_draft_tokens, vocab]), or None."""
@@ -92,17 +90,19 @@ class Speculator:
             rows.append(q[:len(s.draft_token_ids)])
         return torch.cat(rows) if rows else None
 
-    def verified(self, sampling: list[ScheduledRequest], runs: list[list[int]], verify_s: float,
-                 kv) -> dict[str, list[int]]:
-        """After a synchronous verify step was applied: roll back each request's rejected drafts (their
-        K/V slots lie past the accepted run; ``kv`` trims the blocks that held only them) and count what
-        was accepted. Returns {request_id: [k, accepted]} for the trace."""
+    def verified(self, sampling: list[ScheduledRequest], runs: list[list[int]], kv, propose_s: float,
+                 verify_s: float, trim: bool = True) -> dict[str, list[int]]:
+        """After a verify step was applied: roll back each request's rejected drafts (their K/V slots lie
+        past the accepted run) and count what was accepted. ``trim``: give back the blocks that held
+        only rejected drafts (``kv``) — not while a chained step in flight may still write them. Returns
+        {request_id: [k, accepted]} for the trace."""
         for s, run in zip(sampling, runs, strict=True):
             if s.draft_token_ids:
                 s.request.num_computed_tokens -= len(s.draft_token_ids) - (len(run) - 1)
-                kv.trim(s.request)
+                if trim:
+                    kv.trim(s.request)
         return self.record_runs([s.request for s in sampling], [len(s.draft_token_ids) for s in sampling],
-                                runs, self._propose_s, verify_s)
+                                runs, propose_s, verify_s)
 
     def record_runs(self, requests: list[Request], ks: list[int], runs: list[list[int]],
                     propose_s: float, verify_s: float) -> dict[str, list[int]]:

@@ -135,6 +135,14 @@ class StepBuffers:
         self.put(self.query_start_loc, np.arange(end + 1, dtype=np.int32) * q)
 
     # -- device writes (a step built from the previous step's outputs, no host round trip) ----------
+    def gather_input_ids(self, pairs: np.ndarray, tokens: torch.Tensor) -> None:
+        """input_ids[row] = tokens[i] for each (row, i) of ``pairs`` (int64 [m, 2], host), on the device:
+        tokens a step still in flight sampled, fed to the next step without reaching the host."""
+        idx = torch.from_numpy(np.ascontiguousarray(pairs.T))
+        if self.device.type == "cuda":  # fresh pinned memory: the copy must not wait for the device
+            idx = idx.pin_memory().to(self.device, non_blocking=True)
+        self.input_ids.index_copy_(0, idx[0], tokens.index_select(0, idx[1]))
+
     def copy_input_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         """The first len(tokens) input ids from a device tensor; returns the view."""
         view = self.input_ids[:tokens.shape[0]]

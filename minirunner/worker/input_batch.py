@@ -20,6 +20,7 @@ from minirunner.engine.request import Request
 from minirunner.engine.scheduler import ScheduledRequest
 from minirunner.kv.block_table import cdiv, slot_of
 from minirunner.kv.manager import KVCacheManager
+from minirunner.worker.async_output import PrevSampled
 from minirunner.worker.buffers import StepBuffers
 from minirunner.worker.states import RequestStateRows
 
@@ -46,13 +47,16 @@ class InputBatch:
 
 
 def prepare_input_batch(state: RequestStateRows, buffers: StepBuffers, scheduled: list[ScheduledRequest],
-                        kv: KVCacheManager, bucket: int | None = None, query_len: int = 1) -> InputBatch:
+                        kv: KVCacheManager, bucket: int | None = None, query_len: int = 1,
+                        prev: PrevSampled | None = None) -> InputBatch:
     """Fill the step buffers from the scheduler's decisions (host work, numpy, no device sync).
 
     ``bucket``: a uniform batch (every request ``query_len`` tokens: 1 for decode, k + 1 for a
     verify step) padded to this many rows for a graph step: rows past the batch become padding
     rows, block tables are written at their full width, and the sampling parameters go to their
-    static buffers; the returned metadata describes the padded batch."""
+    static buffers; the returned metadata describes the padded batch. ``prev``: the tokens sampled by
+    the step still in flight (async scheduling); a request's token the host has not read yet is
+    gathered from them on the device."""
     S = len(scheduled)
     b = buffers
     rows = np.empty(S, dtype=np.int64)
@@ -63,15 +67,19 @@ def prepare_input_batch(state: RequestStateRows, buffers: StepBuffers, scheduled
     drafts: list[int] = []
     T = sum(s.num_new_tokens for s in scheduled)
     ids = np.empty(T, dtype=np.int64)
+    in_flight: list[tuple[int, int]] = []  # (token row, row in prev.tokens)
     t = 0
     for i, s in enumerate(scheduled):
         request, n = s.request, s.num_new_tokens
-        start = request.num_computed_tokens
+        start = s.start
         rows[i] = state.sync(request, kv.table(request.request_id))
         known = min(n, request.num_tokens - start)
         ids[t:t + known] = request.token_buffer[start:start + known]
+        if known + len(s.draft_token_ids) < n:  # its last token is still on the device
+            in_flight.append((t + known, prev.row_of[request.request_id]))
+            ids[t + known] = 0
         if s.draft_token_ids:  # speculative tokens follow the known ones
-            ids[t + known:t + n] = s.draft_token_ids
+            ids[t + n - len(s.draft_token_ids):t + n] = s.draft_token_ids
             num_drafts[i] = len(s.draft_token_ids)
             drafts += s.draft_token_ids
         qlens[i], starts[i], samples[i] = n, start, s.samples
@@ -96,8 +104,11 @@ def prepare_input_batch(state: RequestStateRows, buffers: StepBuffers, scheduled
             ids, positions, slots, seq_lens, sample_positions, rows, bucket, query_len)
         S = bucket
     meta = b.put_meta(positions, slots, qsl, seq_lens, S, int(qlens.max()), max_seq_len, tables_cpu)
+    input_ids = b.put(b.input_ids, ids)
+    if in_flight:
+        b.gather_input_ids(np.asarray(in_flight, dtype=np.int64), prev.tokens)
     return InputBatch(
-        input_ids=b.put(b.input_ids, ids),
+        input_ids=input_ids,
         meta=meta,
         logits_indices=b.put(b.logits_indices, logits_rows),
         sample_rows=rows[samples],

@@ -48,7 +48,7 @@ def run_profiling_step(model, config: EngineConfig,
         kv.allocate(request, n)
         scheduled.append(ScheduledRequest(request, n))
     try:
-        out = runner.execute(SchedulerOutput(scheduled), kv)
+        out = runner.execute(SchedulerOutput(scheduled), kv).get_output()
         sampled = [run[0] for run in out.runs]  # one token each: no speculative drafts here
     finally:
         del runner, kv

@@ -1,8 +1,9 @@
 """ModelRunner: turns one scheduled step into tensors, runs the model over the paged KV cache, samples.
 
-One step is five stages, each a method a notebook can call and inspect:
-``prepare_inputs → run_model → compute_logits → sample → postprocess``; ``execute`` runs them (or one
-graph replay) and returns a RunnerOutput (worker/runner_output.py) — nothing is kept on the runner.
+One step is four stages, each a method a notebook can call and inspect:
+``prepare_inputs → run_model → compute_logits → sample``; ``execute`` launches them (or one graph
+replay) and returns a LaunchedOutput (worker/async_output.py), whose ``get_output`` reads the step's
+tokens to the host and gives its RunnerOutput (worker/runner_output.py) — nothing is kept on the runner.
 
 Owns the KV cache tensors (one block more than the pool hands out: the null block, where padding rows,
 slot -1, may write), the persistent per-request state rows (worker/states.py), the step buffers
@@ -22,6 +23,7 @@ from minirunner.kv.manager import KVCacheManager
 from minirunner.logprobs import score_prompts
 from minirunner.model.decoder import DecoderLM
 from minirunner.spec_decode.verify import verify_drafts
+from minirunner.worker.async_output import LaunchedOutput, PrevSampled
 from minirunner.worker.buffers import StepBuffers
 from minirunner.worker.cudagraph import DecodeGraphs, GraphKey, GraphKind
 from minirunner.worker.input_batch import InputBatch, prepare_input_batch, prepare_next_decode
@@ -86,12 +88,14 @@ class ModelRunner:
         self.sampler.logits_processors.release(request_id)
         self.state.release(request_id)
 
-    # -- the five stages ------------------------------------------------------------------------
+    # -- the four stages ------------------------------------------------------------------------
     def prepare_inputs(self, scheduled: list[ScheduledRequest], kv: KVCacheManager,
-                       bucket: int | None = None, query_len: int = 1) -> InputBatch:
+                       bucket: int | None = None, query_len: int = 1,
+                       prev: PrevSampled | None = None) -> InputBatch:
         """Fill the step buffers from the scheduler's decisions (worker/input_batch.py); ``bucket``: pad
-        a uniform batch of ``query_len`` tokens per request to this many rows for a graph step."""
-        return prepare_input_batch(self.state, self.buffers, scheduled, kv, bucket, query_len)
+        a uniform batch of ``query_len`` tokens per request to this many rows for a graph step; ``prev``:
+        the tokens of the step still in flight (async scheduling)."""
+        return prepare_input_batch(self.state, self.buffers, scheduled, kv, bucket, query_len, prev)
 
     def prepare_next_decode(self, prev: InputBatch, tokens: torch.Tensor,
                             scheduled: list[ScheduledRequest], kv: KVCacheManager) -> InputBatch:
@@ -133,10 +137,6 @@ class ModelRunner:
         return self.sampler.sample(logits, inputs.sample_rows, inputs.sample_requests,
                                    inputs.sample_positions)
 
-    def postprocess(self, tokens: torch.Tensor) -> list[int]:
-        """Sampled tokens back to the host for the engine (the step's one device-to-host sync)."""
-        return tokens.tolist()
-
     @torch.inference_mode()
     def forward_logits(self, scheduled: list[ScheduledRequest], kv: KVCacheManager,
                        after: tuple[InputBatch, torch.Tensor] | None = None):
@@ -156,39 +156,44 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput, kv: KVCacheManager,
-                draft_probs: torch.Tensor | None = None) -> RunnerOutput:
-        """Run one step: prepare inputs, run the model (or replay a bucket), sample. Returns the step's
-        RunnerOutput (nothing is kept on the runner). draft_probs: fp32 [num_draft_tokens, vocab], the
-        draft model's q of every draft token in order, or None (no drafts, or one-hot n-gram drafts)."""
+                draft_probs: torch.Tensor | None = None, prev: PrevSampled | None = None) -> LaunchedOutput:
+        """Launch one step: prepare inputs, run the model (or replay a bucket), sample. Returns as soon as
+        the step is queued: ``get_output()`` of the result is the step's RunnerOutput (nothing is kept
+        on the runner). draft_probs: fp32 [num_draft_tokens, vocab], the draft model's q of every draft
+        token in order, or None (no drafts, or one-hot n-gram drafts). prev: the sampled tokens of the
+        step still in flight, which this step's requests feed (async scheduling), or None."""
         scheduled = scheduler_output.scheduled
         graph = self.graph_bucket(scheduled)
         bucket, query_len = graph if graph is not None else (None, 1)
-        inputs = self.prepare_inputs(scheduled, kv, bucket, query_len)
+        inputs = self.prepare_inputs(scheduled, kv, bucket, query_len, prev)
         out = RunnerOutput(req_ids=[r.request_id for r in inputs.sample_requests],
                            num_drafts=inputs.num_drafts.tolist())
         if bucket is not None and query_len > 1:
-            out.runs, out.logits, out.graph = self._replay_verify(bucket, query_len, inputs, draft_probs)
-            return out
+            runs, out.logits, out.graph = self._replay_verify(bucket, query_len, inputs, draft_probs)
+            return LaunchedOutput(out, runs.clone())
         if bucket is not None:
             tokens, out.logits, out.graph = self._replay(bucket, self.sampler.graph_kind(inputs.sample_rows),
                                                          len(scheduled))
-            out.logprobs = self.sampler.logprobs(out.logits, tokens, inputs.sample_requests)
-            out.runs = [[t] for t in self.postprocess(tokens)]
-            return out
+            return LaunchedOutput(out, tokens.clone(), self._logprobs(out.logits, inputs))
         hidden = self.run_model(inputs)
         out.prompt_logprobs = score_prompts(self.model, hidden, scheduled)
         if not len(inputs.sample_rows):
-            return out
+            return LaunchedOutput(out)
         out.logits = self.compute_logits(hidden, inputs)
         if len(inputs.draft_token_ids):
             state, rows = self.state, inputs.sample_rows
             out.runs = verify_drafts(out.logits, inputs, draft_probs, state.temperature[rows],
                                      state.top_k[rows], state.top_p[rows], state.seed[rows])
-            return out
+            return LaunchedOutput(out)
         tokens = self.sample(out.logits, inputs)
-        out.logprobs = self.sampler.logprobs(out.logits, tokens, inputs.sample_requests)
-        out.runs = [[t] for t in self.postprocess(tokens)]
-        return out
+        return LaunchedOutput(out, tokens, self._logprobs(out.logits, inputs))
+
+    def _logprobs(self, logits: torch.Tensor, inputs: InputBatch):
+        """The sampled tokens' logprobs, computed when the step is read; None when no request asks."""
+        requests = inputs.sample_requests
+        if all(r.params.logprobs is None for r in requests):
+            return None
+        return lambda tokens: self.sampler.logprobs(logits, tokens, requests)
 
     def _replay(self, bucket: int, kind: GraphKind, n: int, query_len: int = 1):
         """Replay bucket ``bucket``'s step of ``kind`` for a batch of ``n`` requests: (its first n rows
@@ -201,11 +206,10 @@ class ModelRunner:
                        draft_probs: torch.Tensor | None):
         """A uniform verify step as one replay: the drafts' q goes to the static buffer, the graph runs
         the target over every row's k + 1 tokens and the rejection sampler, and the emitted runs come
-        back in the step's one device-to-host copy (as a decode step's tokens do). Returns (runs,
-        logits, how the step ran)."""
+        back in the step's one device-to-host copy (as a decode step's tokens do). Returns (runs on the
+        device, logits, how the step ran)."""
         n = len(inputs.sample_requests)
         if draft_probs is not None:
             self.graphs.write_draft_probs(draft_probs)
         kind = GraphKind.VERIFY if draft_probs is not None else GraphKind.VERIFY_ONEHOT
-        runs, logits, info = self._replay(bucket, kind, n, query_len)
-        return [[t for t in row if t >= 0] for row in self.postprocess(runs)], logits, info
+        return self._replay(bucket, kind, n, query_len)

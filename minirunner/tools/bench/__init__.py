@@ -20,7 +20,7 @@ from minirunner.tools.bench.workloads import WORKLOADS, Workload, make_workload
 # plain / transformers_assisted: for a speculative run (speculative_config given), the same runner
 # without speculation, and transformers' assisted generation (the same draft model, or its n-gram prompt
 # lookup) at batch size 1.
-# synchronous: for an async_scheduling run, the same speculative runner reading every step before the next.
+# synchronous: for an async_scheduling run, the same runner reading every step before the next.
 COMPARE = ("transformers", "contiguous", "contiguous_exact", "plain", "transformers_assisted",
            "synchronous")
 # torch's thread count before any LLM sets its own: the transformers baseline also runs with it.
@@ -45,7 +45,7 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
     ``contiguous`` / ``contiguous_exact`` (the same runner reserving max_model_len / prompt + max_tokens
     per request in a KV cache of the same size); with ``speculative_config``: ``plain`` (the same runner
     without speculation) and ``transformers_assisted`` (assisted generation on the same draft or n-gram
-    lookup, batch size 1); with ``async_scheduling``: ``synchronous`` (the same speculative runner
+    lookup, batch size 1); with ``async_scheduling``: ``synchronous`` (the same runner
     without it). ``warmup``: "short" (two 8-token requests through each engine before its timed
     run, and a 2-token generate for transformers) or "workload" (the whole workload once, untimed, through
     every engine: the timed runs then meet no first-time costs, e.g. allocations at lengths the short

@@ -1,0 +1,68 @@
+"""One step ahead: a launched step's output, read later (vLLM's ``AsyncModelRunnerOutput``).
+
+Owns the hand-off between launching a step and reading it. ``ModelRunner.execute`` returns a
+``LaunchedOutput`` as soon as the step is queued on the device: the sampled tokens stay on the device
+(the next step's inputs are gathered from them there, ``PrevSampled``) while a non-blocking copy takes
+them to pinned host memory; ``get_output`` waits for that copy only — for this step, not for any step
+launched after it — and completes the RunnerOutput (the emitted runs, the sampled tokens' logprobs). The
+synchronous engine calls ``get_output`` at once; with ``async_scheduling`` the engine launches step
+N + 1 first (plain and speculative decode alike). On a CPU every step has finished when it returns, so
+the order is the same and nothing overlaps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from minirunner.worker.runner_output import RunnerOutput
+
+
+@dataclass(eq=False)
+class PrevSampled:
+    """The tokens a launched step sampled, on the device, for the next step's inputs: ``tokens`` int64
+    [num_sampling] and each sampling request's row in it."""
+
+    tokens: torch.Tensor
+    row_of: dict[str, int]
+
+
+class LaunchedOutput:
+    """A launched step's RunnerOutput, completed by ``get_output`` once its tokens reach the host.
+
+    ``sampled``: int64 on the device, [num_sampling] one token each, or [num_sampling, k + 1] emitted
+    runs (-1 after each run ends); None when the runs are already on the host (``output.runs``) or
+    nothing sampled. ``logprobs``: computes the sampled tokens' logprobs from the device tokens (run at
+    read time, so a step launched ahead does not wait for it)."""
+
+    def __init__(self, output: RunnerOutput, sampled: torch.Tensor | None = None,
+                 logprobs: Callable[[torch.Tensor], object] | None = None):
+        self.output, self.sampled, self._logprobs = output, sampled, logprobs
+        self._host, self._ready = sampled, None
+        if sampled is not None and sampled.device.type == "cuda":
+            self._host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
+            self._host.copy_(sampled, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+
+    def prev_sampled(self) -> PrevSampled | None:
+        """The one-token-per-request samples, for the next step's placeholder inputs (None for runs)."""
+        if self.sampled is None or self.sampled.dim() != 1:
+            return None
+        return PrevSampled(self.sampled, {rid: i for i, rid in enumerate(self.output.req_ids)})
+
+    def get_output(self) -> RunnerOutput:
+        """The completed RunnerOutput (waits for this step's device-to-host copy only)."""
+        out = self.output
+        if self.sampled is not None:
+            if self._ready is not None:
+                self._ready.synchronize()
+            rows = self._host.tolist()
+            out.runs = [[t] for t in rows] if self.sampled.dim() == 1 else \
+                [[t for t in row if t >= 0] for row in rows]
+            if self._logprobs is not None:
+                out.logprobs = self._logprobs(self.sampled)
+            self.sampled = self._logprobs = None
+        return out
