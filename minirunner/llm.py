@@ -118,12 +118,26 @@ class LLM:
             cudagraph_capture_sizes=cudagraph_capture_sizes,
             speculative_config=speculative_config, async_scheduling=async_scheduling,
             tokenizer=None if tokenizer is None else str(tokenizer), tokenizer_mode=tokenizer_mode,
-            max_logprobs=max_logprobs)
+            max_logprobs=max_logprobs, tensor_parallel_size=tensor_parallel_size)
         generation_dir = resolve_generation_config(generation_config, str(model))
         self._default_sampling = {} if generation_dir is None else sampling_defaults(generation_dir)
         self.engine = LLMEngine(config, model_config)
         self._profiler: torch.profiler.profile | None = None
         self._profile_dir: Path | None = None
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (also on del, at exit, at the end of ``with``)."""
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.runner.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    __del__ = close
 
     @property
     def llm_engine(self) -> LLMEngine:

@@ -87,7 +87,7 @@ class WorkerGroup:
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size={world_size!r} must be a positive int")
         self.world_size, self.timeout_s = world_size, timeout_s
-        self._closed, self._broken = False, False
+        self._closed, self._broken, self._pending = False, False, 0
         self.procs, self.conns = [], []
         port, spawn = free_port(), mp.get_context("spawn")
         for rank in range(1, world_size):
@@ -138,17 +138,37 @@ class WorkerGroup:
         """Send ``method(*args, **kwargs)`` to the workers, run ``local()`` here (the driver's own part,
         joining the same collectives: e.g. its runner's step over the batch the workers were sent),
         then collect every worker's reply; returns ``local()``'s result."""
+        def posted():
+            self.post(method, *args, **kwargs)
+            return local()
+        return self.run_posted(posted)
+
+    def post(self, method: str, *args, **kwargs) -> None:
+        """Send ``method(*args, **kwargs)`` to every worker without waiting for its reply: call it from
+        inside ``run_posted``'s ``local``, just before the driver's own part of the same collectives, so
+        one driver step can hand the workers several commands in the order its collectives run."""
+        if self._closed or self._broken:
+            raise RuntimeError("this tensor-parallel group is closed or failed earlier; start a new one")
+        for conn in self.conns:
+            conn.send((method, args, kwargs))
+        self._pending += 1
+
+    def run_posted(self, local):
+        """Run ``local()`` here (it may ``post`` commands to the workers), then collect every worker's
+        reply to each command posted; returns ``local()``'s result. Any failure (a worker's error, a
+        dead worker, an interrupt) tears the group down and raises."""
         if self._closed or self._broken:
             raise RuntimeError("this tensor-parallel group is closed or failed earlier; start a new one")
         try:
-            for conn in self.conns:
-                conn.send((method, args, kwargs))
             try:
                 result = local()
             except Exception:
-                self._replies(grace_s=5.0)  # a worker's own error explains a failed collective
+                for _ in range(self._pending):  # a worker's own error explains a failed collective
+                    self._replies(grace_s=5.0)
                 raise
-            self._replies()
+            for _ in range(self._pending):
+                self._replies()
+            self._pending = 0
             return result
         except BaseException:
             self._broken = True
