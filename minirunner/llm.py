@@ -84,7 +84,8 @@ class LLM:
         (minirunner/spec_decode/async_loop.py); the tokens are those of the synchronous engine.
         The keyword-only arguments are vLLM's, with vLLM's meaning (README: the LLM(...) table);
         ``generation_config``: "auto" takes default sampling parameters from the model's
-        generation_config.json, "vllm" ignores it. Other vLLM arguments go to llm_args.py."""
+        generation_config.json, "vllm" ignores it. ``tensor_parallel_size=N`` shards the model over N
+        processes (README, "Beyond one device"). Other vLLM arguments go to llm_args.py."""
         check_vllm_kwargs(kwargs)
         check_named_vllm_args(trust_remote_code, tensor_parallel_size, kv_cache_dtype,
                               enable_chunked_prefill, swap_space, disable_log_stats)
@@ -127,16 +128,14 @@ class LLM:
 
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (also on del, at exit, at the end of ``with``)."""
-        engine = getattr(self, "engine", None)
-        if engine is not None:
-            engine.runner.close()
+        if getattr(self, "engine", None) is not None:  # None: __init__ raised before the engine
+            self.engine.runner.close()
 
     def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
     __del__ = close
 
     @property

@@ -37,7 +37,7 @@ from multiprocessing.connection import wait
 import torch
 import torch.multiprocessing as mp
 
-from minirunner.distributed.group import TPContext, destroy_group, free_port, init_group
+from minirunner.distributed.group import TPContext, free_port, init_group
 
 
 class WorkerError(RuntimeError):
@@ -71,7 +71,6 @@ def _worker_main(rank, world_size, port, device, factory, args, conn, parent_pid
             conn.send(("error", traceback.format_exc()))
         finally:
             os._exit(1)  # closes this rank's sockets: peers in a collective raise instead of waiting
-    destroy_group()
     conn.close()
 
 
@@ -186,7 +185,7 @@ class WorkerGroup:
             if conn in ready or conn.poll():
                 try:
                     status, value = conn.recv()
-                except EOFError:
+                except (EOFError, OSError):  # a duplex pipe is a socket: a dead peer resets it
                     status, value = "dead", None
                 if status == "ok":
                     return value
@@ -227,7 +226,7 @@ class WorkerGroup:
                 proc.join()
         for conn in self.conns:
             conn.close()
-        destroy_group()
+        self.local = self.ctx = None  # frees rank 0's shard and its process group
 
     def pids(self) -> list[int]:
         """The workers' process ids (rank 1 first)."""
