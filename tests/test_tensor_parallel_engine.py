@@ -20,7 +20,7 @@ import time
 import pytest
 import torch
 from test_tensor_parallel import _gone, alive, make_mqa
-from tiny_models import make_tiny_model
+from tiny_models import add_tokenizer, make_tiny_model
 
 from minirunner import LLM, SamplingParams
 from minirunner.distributed import WorkerError
@@ -138,3 +138,20 @@ def test_close_and_del_leave_no_worker(tmp_path):
     del llm
     gc.collect()
     assert _gone(pids, within_s=5.0)
+
+
+def test_cli_generate_and_bench_take_tensor_parallel_size(tmp_path, capsys):
+    from minirunner.cli import main
+
+    path = make_tiny_model(tmp_path, "llama_gqa")[0]
+    add_tokenizer(path)
+    texts = {}
+    for n in (1, 2):
+        args = ["generate", "the quick brown fox", "--model", str(path), "--device", "cpu",
+                "--max-tokens", "10", "--temperature", "0", "--tensor-parallel-size", str(n)]
+        assert main(args) == 0
+        texts[n] = capsys.readouterr().out
+    assert texts[2].split("\n[")[0] == texts[1].split("\n[")[0]  # the same completion
+    assert "tensor_parallel_size 2" in texts[2]
+    assert main(["bench", "--model", str(path), "--compare", "one_device"]) == 2
+    assert "--tensor-parallel-size" in capsys.readouterr().err
