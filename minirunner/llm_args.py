@@ -1,7 +1,8 @@
 """vLLM's ``LLM(...)`` arguments that are not ours: which we accept, with what meaning, and which we refuse.
 
 Owns checking the vLLM engine arguments a script passes without thinking (``trust_remote_code``,
-``tensor_parallel_size``, ``kv_cache_dtype``, ``quantization``, ...): each is accepted at the values
+``tensor_parallel_size`` (its type here; what a model and the other options allow: EngineConfig),
+``kv_cache_dtype``, ``quantization``, ...): each is accepted at the values
 that mean the same here, and any other value raises ValueError naming the argument and why. An
 argument neither vLLM nor minirunner knows raises ValueError too (never a bare TypeError). It never
 builds an engine.

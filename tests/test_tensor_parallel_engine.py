@@ -4,10 +4,12 @@ On tiny fp32 Llama (GQA, tied embeddings), Qwen2 (q/k/v bias), Qwen3 (q/k norm, 
 does not split evenly) and an MQA Llama (one KV head, replicated on both ranks), ``generate`` with a tiny
 KV pool (preemption), a small token budget (chunked prefill) and prefix caching (shared prompt prefixes)
 gives the greedy tokens of one device, and logprobs and prompt logprobs within 1e-5; seeded sampling
-gives the same tokens (rank 0 samples with the one-device sampler). Head counts that do not split, and
+gives the same tokens, n = 2 included (rank 0 samples with the one-device sampler; a fork's block copy
+runs on every rank). Head counts that do not split, and
 the options tensor parallelism does not support, raise ValueError naming the argument before any
 process starts. A killed worker makes the next ``generate`` raise within seconds; ``with`` / ``close()``
-and ``del`` leave no worker process.
+and ``del`` leave no worker process (while another tensor-parallel LLM of the module's fixture is open in
+the same process: each has its own process group). The CLI and ``minirunner bench`` take the flag.
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=
 
 
 def _prompts(vocab: int) -> list[list[int]]:
-    """Six prompts of 20 to 40 tokens, pairs sharing a 12-token prefix (3 full blocks)."""
+    """Six prompts of 19 to 39 tokens (a partial last block), pairs sharing a 12-token prefix (3 full
+    blocks)."""
     g = torch.Generator().manual_seed(1)
     rand = lambda n: torch.randint(3, vocab, (n,), generator=g).tolist()  # noqa: E731
     prefixes = [rand(12) for _ in range(3)]
-    return [prefixes[i // 2] + rand(8 + 4 * i) for i in range(6)]
+    return [prefixes[i // 2] + rand(7 + 4 * i) for i in range(6)]
 
 
 def _model(root, name):
@@ -86,11 +89,14 @@ def test_generate_matches_one_device(engines):
 
 def test_seeded_sampling_matches_one_device(engines):
     one, two, vocab = engines
-    params = [SamplingParams(temperature=0.9, top_k=20, seed=7 + i, max_tokens=10, ignore_eos=True)
+    params = [SamplingParams(temperature=0.9, top_k=20, seed=7 + i, max_tokens=10, ignore_eos=True,
+                             n=2 if i == 0 else 1)  # n = 2: a fork, its partial block copied on each rank
               for i in range(6)]
     ref = one.generate(_prompts(vocab), params, use_tqdm=False)
     got = two.generate(_prompts(vocab), params, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in ref]
+    tokens = lambda outs: [[c.token_ids for c in o.outputs] for o in outs]  # noqa: E731
+    assert tokens(got) == tokens(ref)
+    assert len(got[0].outputs) == 2 and got[0].outputs[0].token_ids != got[0].outputs[1].token_ids
 
 
 def test_sizes_and_options_it_cannot_run_raise_before_starting(tmp_path):

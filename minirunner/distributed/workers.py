@@ -3,7 +3,9 @@
 Owns starting N - 1 workers with torch.multiprocessing (spawn), the driver->worker command channel,
 errors and liveness, and shutdown. Rank 0 is the driver process itself: it keeps the scheduler and the
 KV bookkeeping and runs its own shard in-process, so ``call`` sends the command to the workers, runs the
-same method on the driver's shard, then collects one reply per worker.
+same method on the driver's shard, then collects one reply per worker. ``run_posted`` generalises it for
+the engine's step: the driver's own part ``post``s each command just before the collectives it pairs
+with (the forward, then each logits computation), and the replies are collected at the end.
 
 The command channel is one ``multiprocessing`` Pipe per worker, carrying a pickled
 (method, args, kwargs) per call. Not a broadcast over the process group: NCCL moves tensors, not Python
@@ -202,9 +204,9 @@ class WorkerGroup:
                                   f"{self.timeout_s} s")
 
     def close(self) -> None:
-        """Stop every worker and leave the process group. After a clean run the workers are asked to
-        stop; after a failure or an interrupt (a worker may be stuck in a collective) they are
-        terminated at once; any that lingers is killed."""
+        """Stop every worker and drop rank 0's part (its shard and process group). After a clean run
+        the workers are asked to stop; after a failure or an interrupt (a worker may be stuck in a
+        collective) they are terminated at once; any that lingers is killed."""
         if self._closed:
             return
         self._closed = True
