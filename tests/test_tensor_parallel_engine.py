@@ -9,7 +9,9 @@ runs on every rank). Head counts that do not split, and
 the options tensor parallelism does not support, raise ValueError naming the argument before any
 process starts. A killed worker makes the next ``generate`` raise within seconds; ``with`` / ``close()``
 and ``del`` leave no worker process (while another tensor-parallel LLM of the module's fixture is open in
-the same process: each has its own process group). The CLI and ``minirunner bench`` take the flag.
+the same process: each has its own process group); Ctrl-C in the middle of ``generate`` raises
+KeyboardInterrupt in the driver and leaves no worker once the script ends. The CLI and ``minirunner
+bench`` take the flag.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -161,3 +165,33 @@ def test_cli_generate_and_bench_take_tensor_parallel_size(tmp_path, capsys):
     assert "tensor_parallel_size 2" in texts[2]
     assert main(["bench", "--model", str(path), "--compare", "one_device"]) == 2
     assert "--tensor-parallel-size" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_generate_leaves_no_worker(tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) while ``generate`` runs: the workers
+    ignore it, the driver raises KeyboardInterrupt and the script goes on; when it ends, no worker is left."""
+    path = make_tiny_model(tmp_path, "llama_gqa")[0]
+    driver = ("from minirunner import LLM, SamplingParams\n"
+              f"llm = LLM({str(path)!r}, tensor_parallel_size=2, device='cpu', num_threads=1)\n"
+              "print('ready', *llm.llm_engine.runner.worker_pids(), flush=True)\n"
+              "try:\n"
+              "    while True:\n"
+              "        llm.generate([[5] * 8] * 4, SamplingParams(max_tokens=100, ignore_eos=True),\n"
+              "                     use_tqdm=False)\n"
+              "except KeyboardInterrupt:\n"
+              "    print('interrupted', flush=True)\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, env=env)
+    try:
+        ready = proc.stdout.readline().split()
+        assert ready[:1] == ["ready"], proc.stderr.read()
+        time.sleep(1.0)  # in the middle of generating
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.stdout.readline().strip() == "interrupted", proc.stderr.read()
+        assert proc.wait(timeout=30) == 0
+        assert _gone([int(p) for p in ready[1:]], within_s=5.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
