@@ -55,6 +55,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--async-scheduling", action="store_true",
                    help="launch each step before the host has read the previous one's tokens "
                         "(vLLM's async scheduling; the outputs are the synchronous engine's)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="shard the model over N processes (gloo on CPU, NCCL on N GPUs)")
     p.add_argument("--num-threads", default="auto",
                    help="CPU threads for torch: auto = one per core; 1 is faster on a machine "
                         "shared with other busy jobs")
@@ -67,6 +69,7 @@ def _llm_kwargs(args) -> dict:
                 enable_prefix_caching=args.enable_prefix_caching, attention_backend=args.attention_backend,
                 graph_mode=args.graph_mode, cudagraph_capture_sizes=args.cudagraph_capture_sizes,
                 speculative_config=args.speculative_config, async_scheduling=args.async_scheduling,
+                tensor_parallel_size=args.tensor_parallel_size,
                 num_threads=args.num_threads if args.num_threads == "auto" else _int(args.num_threads))
 
 
@@ -168,12 +171,13 @@ def _generate(args) -> int:
     n_out = sum(len(o.outputs[0].token_ids) for o in outputs)
     n_in = sum(len(o.prompt_token_ids) for o in outputs)
     backend = llm.engine.backend.name
+    tp = f", tensor_parallel_size {args.tensor_parallel_size}" if args.tensor_parallel_size > 1 else ""
     how = "greedy" if params.greedy else (f"temperature {params.temperature:g}, top_p {params.top_p:g}"
                                           + (f", top_k {params.top_k}" if params.top_k > 0 else "")
                                           + f", seed {params.seed} (--seed {params.seed} repeats it)")
     print(f"[{len(outputs)} requests, {n_in} prompt + {n_out} generated tokens in "
           f"{elapsed:.2f} s: {n_out / max(elapsed, 1e-9):.1f} tok/s; {how}; device "
-          f"{llm.engine.config.device}, {llm.engine.config.dtype}, backend {backend}]")
+          f"{llm.engine.config.device}, {llm.engine.config.dtype}, backend {backend}{tp}]")
     return 0
 
 

@@ -159,11 +159,21 @@ class EngineConfig:
     tokenizer: str | None = None  # a tokenizer directory other than the model's (vLLM's `tokenizer`)
     tokenizer_mode: str = "auto"  # "auto" / "hf": the fast tokenizer when there is one; "slow"
     max_logprobs: int = 20  # the most logprobs / prompt_logprobs a request may ask for (vLLM's default)
+    tensor_parallel_size: int = 1  # ranks the model is sharded over (minirunner/distributed/tp_runner.py)
 
     def validate(self, model_config: ModelConfig) -> None:
         from minirunner.worker.cudagraph import capture_sizes
 
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {tp!r}")
+        if tp > 1 and self.graph_mode == "auto":
+            self.graph_mode = "none"  # tensor-parallel steps run eager
         self.graph_mode = resolve_graph_mode(self.graph_mode, self.device)
+        if tp > 1:
+            from minirunner.distributed.tp_runner import check_tensor_parallel
+
+            check_tensor_parallel(self, model_config)
         if self.graph_mode == "compile" and self.attention_backend not in ("auto", "torch"):
             raise ValueError(f"graph_mode='compile' needs attention_backend='torch' (got "
                              f"{self.attention_backend!r}): torch.compile traces the torch backend; the "

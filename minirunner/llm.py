@@ -83,7 +83,8 @@ class LLM:
         (minirunner/engine/in_flight.py); the outputs are those of the synchronous engine.
         The keyword-only arguments are vLLM's, with vLLM's meaning (README: the LLM(...) table);
         ``generation_config``: "auto" takes default sampling parameters from the model's
-        generation_config.json, "vllm" ignores it. Other vLLM arguments go to llm_args.py."""
+        generation_config.json, "vllm" ignores it. ``tensor_parallel_size=N`` shards the model over N
+        processes (README, "Beyond one device"). Other vLLM arguments go to llm_args.py."""
         check_vllm_kwargs(kwargs)
         check_named_vllm_args(trust_remote_code, tensor_parallel_size, kv_cache_dtype,
                               enable_chunked_prefill, swap_space, disable_log_stats)
@@ -117,12 +118,24 @@ class LLM:
             cudagraph_capture_sizes=cudagraph_capture_sizes,
             speculative_config=speculative_config, async_scheduling=async_scheduling,
             tokenizer=None if tokenizer is None else str(tokenizer), tokenizer_mode=tokenizer_mode,
-            max_logprobs=max_logprobs)
+            max_logprobs=max_logprobs, tensor_parallel_size=tensor_parallel_size)
         generation_dir = resolve_generation_config(generation_config, str(model))
         self._default_sampling = {} if generation_dir is None else sampling_defaults(generation_dir)
         self.engine = LLMEngine(config, model_config)
         self._profiler: torch.profiler.profile | None = None
         self._profile_dir: Path | None = None
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (also on del, at exit, at the end of ``with``)."""
+        if getattr(self, "engine", None) is not None:  # None: __init__ raised before the engine
+            self.engine.runner.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+    __del__ = close
 
     @property
     def llm_engine(self) -> LLMEngine:

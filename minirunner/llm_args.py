@@ -1,7 +1,8 @@
 """vLLM's ``LLM(...)`` arguments that are not ours: which we accept, with what meaning, and which we refuse.
 
 Owns checking the vLLM engine arguments a script passes without thinking (``trust_remote_code``,
-``tensor_parallel_size``, ``kv_cache_dtype``, ``quantization``, ...): each is accepted at the values
+``tensor_parallel_size`` (its type here; what a model and the other options allow: EngineConfig),
+``kv_cache_dtype``, ``quantization``, ...): each is accepted at the values
 that mean the same here, and any other value raises ValueError naming the argument and why. An
 argument neither vLLM nor minirunner knows raises ValueError too (never a bare TypeError). It never
 builds an engine.
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import random
 
-_ONE_DEVICE = "one engine runs on one device here"
+_ONE_DEVICE = "one engine shards a model over tensor_parallel_size devices only (no pipeline or data " \
+    "parallelism)"
 _LOCAL = "models load from a local directory; nothing is downloaded"
 _TEXT = "the models served here are text-only"
 
@@ -27,7 +29,8 @@ ACCEPTED_VALUES: dict[str, tuple[tuple, str]] = {
     "load_format": (("auto", "safetensors"), "weights load from safetensors only (never pickle)"),
     "pipeline_parallel_size": ((1,), _ONE_DEVICE),
     "data_parallel_size": ((1,), _ONE_DEVICE),
-    "distributed_executor_backend": ((None,), _ONE_DEVICE),
+    "distributed_executor_backend": ((None, "mp"), "tensor-parallel workers are local processes "
+                                                   "(vLLM's 'mp')"),
     "cpu_offload_gb": ((0, 0.0), "weights stay on the device"),
     "skip_tokenizer_init": ((False,), "the tokenizer is loaded when the model directory has one"),
     "enable_lora": ((False,), "LoRA adapters are not supported"),
@@ -47,7 +50,7 @@ ACCEPTED_VALUES: dict[str, tuple[tuple, str]] = {
 # Accepted with any value, and no effect here (why).
 NO_EFFECT = {
     "served_model_name": "only the OpenAI server uses it",
-    "disable_custom_all_reduce": _ONE_DEVICE,
+    "disable_custom_all_reduce": "the all-reduces are torch.distributed's (gloo / NCCL)",
     "disable_async_output_proc": "outputs are processed in the engine loop",
     "max_seq_len_to_capture": "graphs cover decode steps of every length up to max_model_len",
 }
@@ -73,9 +76,10 @@ def check_named_vllm_args(trust_remote_code, tensor_parallel_size, kv_cache_dtyp
     if trust_remote_code:
         raise ValueError("trust_remote_code=True is refused: minirunner never runs code from a model "
                          "directory (its architectures are built in); pass trust_remote_code=False")
-    if tensor_parallel_size != 1:
-        raise ValueError(f"tensor_parallel_size={tensor_parallel_size!r} is not supported: "
-                         f"{_ONE_DEVICE}; pass tensor_parallel_size=1")
+    if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int) \
+            or tensor_parallel_size < 1:
+        raise ValueError(f"tensor_parallel_size must be an integer >= 1 (the number of ranks the model "
+                         f"is sharded over), got {tensor_parallel_size!r}")
     if kv_cache_dtype != "auto":
         raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported: the KV cache is stored "
                          "in the model's dtype; pass kv_cache_dtype='auto'")

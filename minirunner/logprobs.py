@@ -121,9 +121,10 @@ def collect_step_logprobs(requests: dict, scheduled, prompt_scores: dict, sample
         request.cumulative_logprob += row.logprobs[0]
 
 
-def score_prompts(model, hidden: torch.Tensor, scheduled) -> dict[str, tuple[int, TokenLogprobs]]:
+def score_prompts(logits_at, hidden: torch.Tensor, scheduled) -> dict[str, tuple[int, TokenLogprobs]]:
     """Prompt logprobs for the query rows of this step that predict a prompt token (raw logits).
 
+    logits_at(hidden, rows): the fp32 logits of those rows (the runner's ``logits_at``);
     hidden: [num_tokens, hidden_size], the step's final hidden states (rows in scheduled order).
     Returns request id -> (first scored prompt position, its scores).
     """
@@ -133,7 +134,7 @@ def score_prompts(model, hidden: torch.Tensor, scheduled) -> dict[str, tuple[int
     if not rows:
         return {}
     dev = hidden.device
-    logits = model.compute_logits(hidden[torch.tensor(rows, device=dev)])
+    logits = logits_at(hidden, torch.tensor(rows, device=dev))
     scored = score_tokens(logits, torch.tensor(targets, device=dev), max(k for *_, k in spans))
     out, lo = {}, 0
     for rid, first, count, _k in spans:

@@ -7,8 +7,10 @@
 # agreement, a replay under sync-debug "error") and speculative decoding at batch 1 under CUDA graphs
 # (benchmarks/spec_decode.py, draft model vs plain, and scheduled ahead vs synchronous) and paged vs
 # contiguous KV at equal memory on the ShareGPT-like workload (`minirunner bench --compare contiguous`,
-# the CPU headline's settings), with a JSON report in $OUT (or a fresh temporary folder, printed, when
-# OUT is unset). The graph, speculative and paged-vs-contiguous blocks are written, not yet run on a GPU.
+# the CPU headline's settings) and, on a machine with two GPUs, LLM(tensor_parallel_size=2) over NCCL
+# against one GPU (tests/test_gpu_tensor_parallel.py; skipped with a message on one GPU), with a JSON
+# report in $OUT (or a fresh temporary folder, printed, when OUT is unset). The graph, speculative,
+# paged-vs-contiguous and tensor-parallel blocks are written, not yet run on a GPU.
 #   scripts/gpu_check.sh            on a CUDA machine
 #   scripts/gpu_check.sh --dry-run  on any machine: imports, collection and the benchmark script on
 #                                   tiny CPU shapes (Triton interpreter), to catch mistakes early
@@ -94,18 +96,21 @@ if [ "$DRY" = 1 ]; then
     timeout 120 "$PY" -m minirunner bench --device cpu "${PVC_ARGS[@]}" --num-requests 8 \
         --json "$REPORT_DIR/paged_vs_contiguous.json" >"$REPORT_DIR/paged_vs_contiguous.log" 2>&1
     PVC_RC=$?
+    timeout 120 "$PY" -m pytest "${PYTEST_ARGS[@]}" --collect-only tests/test_gpu_tensor_parallel.py \
+        >"$REPORT_DIR/tensor_parallel.log" 2>&1
+    TP_RC=$?
 else
-    # Per-block limits: 10 (environment) + 110 + 35 + 50 + 45 + 30 + 20 = 300 s.
-    timeout 110 "$PY" -m pytest "${PYTEST_ARGS[@]}" "${TEST_FILES[@]}" \
+    # Per-block limits: 10 (environment) + 100 + 30 + 45 + 40 + 30 + 20 + 25 = 300 s.
+    timeout 100 "$PY" -m pytest "${PYTEST_ARGS[@]}" "${TEST_FILES[@]}" \
         >"$REPORT_DIR/gpu_tests.log" 2>&1
     TEST_RC=$?
-    timeout 35 "$PY" benchmarks/kernel_bench.py --reps 10 --out "$REPORT_DIR/kernel_bench.json" \
+    timeout 30 "$PY" benchmarks/kernel_bench.py --reps 10 --out "$REPORT_DIR/kernel_bench.json" \
         >"$REPORT_DIR/kernel_bench.log" 2>&1
     BENCH_RC=$?
-    timeout 50 "$PY" benchmarks/gpu_serving.py --num-seqs 128 --hf-num-seqs 8 --out "$REPORT_DIR/serving.json" \
+    timeout 45 "$PY" benchmarks/gpu_serving.py --num-seqs 128 --hf-num-seqs 8 --out "$REPORT_DIR/serving.json" \
         >"$REPORT_DIR/serving.log" 2>&1
     SERVE_RC=$?
-    timeout 45 "$PY" benchmarks/gpu_graphs.py --steps 20 --out "$REPORT_DIR/graphs.json" \
+    timeout 40 "$PY" benchmarks/gpu_graphs.py --steps 20 --out "$REPORT_DIR/graphs.json" \
         >"$REPORT_DIR/graphs.log" 2>&1
     GRAPH_RC=$?
     # speculative decoding at batch 1 under CUDA graphs (draft model, the embedded pair) vs plain, and
@@ -118,6 +123,11 @@ else
     timeout 20 "$PY" -m minirunner bench --device cuda "${PVC_ARGS[@]}" --num-requests 100 \
         --json "$REPORT_DIR/paged_vs_contiguous.json" >"$REPORT_DIR/paged_vs_contiguous.log" 2>&1
     PVC_RC=$?
+    # tensor parallelism: LLM(tensor_parallel_size=2) over NCCL equals one GPU; needs two GPUs (on one,
+    # pytest reports it skipped with the reason, printed below)
+    timeout 25 "$PY" -m pytest "${PYTEST_ARGS[@]/gpu_tests.xml/tensor_parallel.xml}" \
+        tests/test_gpu_tensor_parallel.py >"$REPORT_DIR/tensor_parallel.log" 2>&1
+    TP_RC=$?
 fi
 tail -n 25 "$REPORT_DIR/gpu_tests.log"
 tail -n 5 "$REPORT_DIR/kernel_bench.log"
@@ -125,12 +135,13 @@ tail -n 3 "$REPORT_DIR/serving.log"
 tail -n 6 "$REPORT_DIR/graphs.log"
 grep -- "^->" "$REPORT_DIR/spec.log"
 tail -n 12 "$REPORT_DIR/paged_vs_contiguous.log"
+grep -E "SKIPPED|passed|failed|error" "$REPORT_DIR/tensor_parallel.log" | sed 's/^/tensor parallel: /'
 
-"$PY" - "$REPORT_DIR" "$TEST_RC" "$BENCH_RC" "$DRY" "$(( $(date +%s) - T0 ))" "$SERVE_RC" "$GRAPH_RC" "$SPEC_RC" "$PVC_RC" <<'PYEOF'
+"$PY" - "$REPORT_DIR" "$TEST_RC" "$BENCH_RC" "$DRY" "$(( $(date +%s) - T0 ))" "$SERVE_RC" "$GRAPH_RC" "$SPEC_RC" "$PVC_RC" "$TP_RC" <<'PYEOF'
 import json, sys
 from pathlib import Path
 out, test_rc, bench_rc, dry, wall = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5])
-serve_rc, graph_rc, spec_rc, pvc_rc = (int(a) for a in sys.argv[6:10])
+serve_rc, graph_rc, spec_rc, pvc_rc, tp_rc = (int(a) for a in sys.argv[6:11])
 def load(name):
     p = out / name
     try:
@@ -149,18 +160,22 @@ report = {
     "graphs": {"rc": graph_rc, "timed_out": graph_rc == 124, **load("graphs.json")},
     "spec_decode": {"rc": spec_rc, "timed_out": spec_rc == 124, **load("spec.json")},
     "paged_vs_contiguous": {"rc": pvc_rc, "timed_out": pvc_rc == 124, **load("paged_vs_contiguous.json")},
+    "tensor_parallel": {"rc": tp_rc, "timed_out": tp_rc == 124,
+                        "log": [l for l in ((out / "tensor_parallel.log").read_text(errors="replace").splitlines()
+                                            if (out / "tensor_parallel.log").exists() else [])
+                                if l.startswith(("SKIPPED", "FAILED")) or " passed" in l or " failed" in l]},
     "flashinfer": ("available " + env["flashinfer"]) if not str(env.get("flashinfer", "")).startswith("unavailable")
                   else "unavailable on this machine (import flashinfer failed); FlashInfer tests skipped",
     "wall_s": wall,
 }
 (out / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
 print(f"gpu_check: tests rc={test_rc}, bench rc={bench_rc}, serving rc={serve_rc}, graphs rc={graph_rc}, "
-      f"spec rc={spec_rc}, paged-vs-contiguous rc={pvc_rc}, "
+      f"spec rc={spec_rc}, paged-vs-contiguous rc={pvc_rc}, tensor-parallel rc={tp_rc}, "
       f"{wall} s -> "
       f"{out / 'gpu_check.json'}")
 PYEOF
 if [ "$TEST_RC" -ne 0 ] || [ "$BENCH_RC" -ne 0 ] || [ "$SERVE_RC" -ne 0 ] || [ "$GRAPH_RC" -ne 0 ] \
-    || [ "$SPEC_RC" -ne 0 ] || [ "$PVC_RC" -ne 0 ]; then
+    || [ "$SPEC_RC" -ne 0 ] || [ "$PVC_RC" -ne 0 ] || [ "$TP_RC" -ne 0 ]; then
     exit 1
 fi
 exit 0

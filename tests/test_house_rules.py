@@ -70,5 +70,5 @@ def test_the_prepared_gpu_run_fits_in_five_minutes():
     gpu_branch = text.split("\nelse\n", 1)[1].split("\nfi\n", 1)[0]
     limits = [int(m) for m in re.findall(r"\btimeout (\d+)", gpu_branch)]
     probe = [int(m) for m in re.findall(r'^timeout (\d+) "\$PY" - "\$REPORT_DIR/env.json"', text, re.M)]
-    assert len(limits) == 6 and len(probe) == 1
+    assert len(limits) == 7 and len(probe) == 1
     assert sum(limits) + probe[0] <= 300, (limits, probe)

@@ -156,7 +156,8 @@ def test_vllm_engine_arguments_are_accepted_with_vllm_meaning(tiny, llm, tmp_pat
 
 @pytest.mark.parametrize("kwargs, words", [
     (dict(trust_remote_code=True), "trust_remote_code"),
-    (dict(tensor_parallel_size=2), "tensor_parallel_size"),
+    (dict(tensor_parallel_size=0), "tensor_parallel_size"),
+    (dict(pipeline_parallel_size=2), "pipeline_parallel_size"),
     (dict(kv_cache_dtype="fp8"), "kv_cache_dtype"),
     (dict(enable_chunked_prefill=False), "enable_chunked_prefill"),
     (dict(quantization="awq"), "quantization"),

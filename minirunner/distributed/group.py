@@ -1,10 +1,11 @@
 """One tensor-parallel process group: joining it, and the rank state the sharded model is handed.
 
-Owns choosing the backend (gloo on a CPU, NCCL on CUDA), the localhost rendezvous on a free port, and
+Owns choosing the backend (gloo on a CPU, NCCL on CUDA), the localhost rendezvous on a free port (a TCP
+store rank 0 serves; the group is standalone, not torch.distributed's default one), and
 :class:`TPContext`, the small object every sharded layer receives explicitly (rank, world size, group)
 with the two collectives tensor parallelism needs: an all-reduce after a row-parallel matmul and an
 all-gather of vocabulary shards. Nothing in the model reads a global or ``torch.distributed``'s default
-group behind the caller's back.
+group behind the caller's back, so one process may drive several groups.
 """
 
 from __future__ import annotations
@@ -36,16 +37,20 @@ def free_port() -> int:
 
 @dataclass(frozen=True)
 class TPContext:
-    """Where this process sits in a tensor-parallel group. ``group`` None means one device (world 1)."""
+    """Where this process sits in a tensor-parallel group. ``group`` None means one device (world 1).
+
+    ``group`` is a standalone process group (a gloo or NCCL backend object over its own TCP store), not
+    ``torch.distributed``'s default group: one process may hold several (two tensor-parallel LLMs at
+    once), and dropping the context frees it."""
 
     rank: int = 0
     world_size: int = 1
-    group: dist.ProcessGroup | None = None
+    group: object | None = None
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over the ranks, in place; returns it (the row-parallel matmul's partial sums)."""
         if self.world_size > 1:
-            dist.all_reduce(x, group=self.group)
+            self.group.allreduce([x]).wait()
         return x
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
@@ -53,28 +58,26 @@ class TPContext:
         if self.world_size == 1:
             return x
         parts = [torch.empty_like(x) for _ in range(self.world_size)]
-        dist.all_gather(parts, x.contiguous(), group=self.group)
+        self.group.allgather([parts], [x.contiguous()]).wait()
         return torch.cat(parts, dim=-1)
 
 
 def init_group(rank: int, world_size: int, port: int, device: str | torch.device,
                timeout_s: float = 300.0) -> TPContext:
-    """Join the group at tcp://127.0.0.1:``port`` as ``rank`` of ``world_size``; returns its context.
+    """Join the group at 127.0.0.1:``port`` (rank 0 serves the TCP store there) as ``rank`` of
+    ``world_size``; returns its context.
 
-    On CUDA, rank r uses device cuda:r. ``timeout_s`` bounds the rendezvous and each collective (a
+    On CUDA, rank r uses device cuda:r. ``timeout_s`` bounds the rendezvous and each gloo collective (a
     peer that stops answering without closing its socket). A peer that dies closes its sockets, and
     gloo raises at once instead."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
     backend = backend_for(device)
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore("127.0.0.1", port, world_size, rank == 0, timeout)
     if backend == "nccl":
         torch.cuda.set_device(rank)  # rank r drives cuda:r
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=timeout_s))
-    return TPContext(rank, world_size, dist.group.WORLD)
-
-
-def destroy_group() -> None:
-    """Leave the process group, if this process joined one."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        group = dist.ProcessGroupNCCL(store, rank, world_size)
+    else:
+        group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    return TPContext(rank, world_size, group)

@@ -3,7 +3,9 @@
 Owns starting N - 1 workers with torch.multiprocessing (spawn), the driver->worker command channel,
 errors and liveness, and shutdown. Rank 0 is the driver process itself: it keeps the scheduler and the
 KV bookkeeping and runs its own shard in-process, so ``call`` sends the command to the workers, runs the
-same method on the driver's shard, then collects one reply per worker.
+same method on the driver's shard, then collects one reply per worker. ``run_posted`` generalises it for
+the engine's step: the driver's own part ``post``s each command just before the collectives it pairs
+with (the forward, then each logits computation), and the replies are collected at the end.
 
 The command channel is one ``multiprocessing`` Pipe per worker, carrying a pickled
 (method, args, kwargs) per call. Not a broadcast over the process group: NCCL moves tensors, not Python
@@ -37,7 +39,7 @@ from multiprocessing.connection import wait
 import torch
 import torch.multiprocessing as mp
 
-from minirunner.distributed.group import TPContext, destroy_group, free_port, init_group
+from minirunner.distributed.group import TPContext, free_port, init_group
 
 
 class WorkerError(RuntimeError):
@@ -71,7 +73,6 @@ def _worker_main(rank, world_size, port, device, factory, args, conn, parent_pid
             conn.send(("error", traceback.format_exc()))
         finally:
             os._exit(1)  # closes this rank's sockets: peers in a collective raise instead of waiting
-    destroy_group()
     conn.close()
 
 
@@ -87,7 +88,7 @@ class WorkerGroup:
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size={world_size!r} must be a positive int")
         self.world_size, self.timeout_s = world_size, timeout_s
-        self._closed, self._broken = False, False
+        self._closed, self._broken, self._pending = False, False, 0
         self.procs, self.conns = [], []
         port, spawn = free_port(), mp.get_context("spawn")
         for rank in range(1, world_size):
@@ -138,17 +139,37 @@ class WorkerGroup:
         """Send ``method(*args, **kwargs)`` to the workers, run ``local()`` here (the driver's own part,
         joining the same collectives: e.g. its runner's step over the batch the workers were sent),
         then collect every worker's reply; returns ``local()``'s result."""
+        def posted():
+            self.post(method, *args, **kwargs)
+            return local()
+        return self.run_posted(posted)
+
+    def post(self, method: str, *args, **kwargs) -> None:
+        """Send ``method(*args, **kwargs)`` to every worker without waiting for its reply: call it from
+        inside ``run_posted``'s ``local``, just before the driver's own part of the same collectives, so
+        one driver step can hand the workers several commands in the order its collectives run."""
+        if self._closed or self._broken:
+            raise RuntimeError("this tensor-parallel group is closed or failed earlier; start a new one")
+        for conn in self.conns:
+            conn.send((method, args, kwargs))
+        self._pending += 1
+
+    def run_posted(self, local):
+        """Run ``local()`` here (it may ``post`` commands to the workers), then collect every worker's
+        reply to each command posted; returns ``local()``'s result. Any failure (a worker's error, a
+        dead worker, an interrupt) tears the group down and raises."""
         if self._closed or self._broken:
             raise RuntimeError("this tensor-parallel group is closed or failed earlier; start a new one")
         try:
-            for conn in self.conns:
-                conn.send((method, args, kwargs))
             try:
                 result = local()
             except Exception:
-                self._replies(grace_s=5.0)  # a worker's own error explains a failed collective
+                for _ in range(self._pending):  # a worker's own error explains a failed collective
+                    self._replies(grace_s=5.0)
                 raise
-            self._replies()
+            for _ in range(self._pending):
+                self._replies()
+            self._pending = 0
             return result
         except BaseException:
             self._broken = True
@@ -166,7 +187,7 @@ class WorkerGroup:
             if conn in ready or conn.poll():
                 try:
                     status, value = conn.recv()
-                except EOFError:
+                except (EOFError, OSError):  # a duplex pipe is a socket: a dead peer resets it
                     status, value = "dead", None
                 if status == "ok":
                     return value
@@ -183,9 +204,9 @@ class WorkerGroup:
                                   f"{self.timeout_s} s")
 
     def close(self) -> None:
-        """Stop every worker and leave the process group. After a clean run the workers are asked to
-        stop; after a failure or an interrupt (a worker may be stuck in a collective) they are
-        terminated at once; any that lingers is killed."""
+        """Stop every worker and drop rank 0's part (its shard and process group). After a clean run
+        the workers are asked to stop; after a failure or an interrupt (a worker may be stuck in a
+        collective) they are terminated at once; any that lingers is killed."""
         if self._closed:
             return
         self._closed = True
@@ -207,7 +228,7 @@ class WorkerGroup:
                 proc.join()
         for conn in self.conns:
             conn.close()
-        destroy_group()
+        self.local = self.ctx = None  # frees rank 0's shard and its process group
 
     def pids(self) -> list[int]:
         """The workers' process ids (rank 1 first)."""

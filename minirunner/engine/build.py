@@ -1,5 +1,6 @@
-"""Building an engine's parts once: the model, the KV budget, the attention backend, the KV manager, the
-scheduler, the model runner (graphs enabled) and the speculator.
+"""Building an engine's parts once: the model (or, under tensor parallelism, the worker processes and rank
+0's shard), the KV budget, the attention backend, the KV manager, the scheduler, the model runner (graphs
+enabled) and the speculator.
 
 Owns the construction order and the sizing rules (how many KV blocks a budget buys, with a draft
 model's cache paid from the same budget; torch's CPU threads; the prefix-cache salt). The draft model is
@@ -15,14 +16,18 @@ from pathlib import Path
 
 import torch
 
-from minirunner.attention import AttentionBackend, make_backend
+from minirunner.attention import AttentionBackend, make_backend, resolve_backend_name
 from minirunner.config import EngineConfig, ModelConfig
+from minirunner.distributed.shard_worker import build_rank
+from minirunner.distributed.tp_runner import TPModelRunner
+from minirunner.distributed.workers import WorkerGroup
 from minirunner.engine.scheduler import Scheduler
 from minirunner.kv.block_table import cdiv
 from minirunner.kv.contiguous import ContiguousKVManager
 from minirunner.kv.manager import KVCacheManager
 from minirunner.model.decoder import DecoderLM
 from minirunner.model.loader import load_model
+from minirunner.model.tensor_parallel import local_config, plan_shards
 from minirunner.spec_decode.config import SpeculativeConfig
 from minirunner.spec_decode.speculator import Speculator
 from minirunner.worker.memory_profile import profile_kv_budget
@@ -49,22 +54,31 @@ class EngineParts:
 def build_engine(config: EngineConfig, mc: ModelConfig) -> EngineParts:
     """Load the model and build the engine's parts, in order (the KV budget needs the model on CUDA)."""
     num_threads = configure_cpu_threads(config)
-    model = load_model(config.model, mc, config.dtype, config.device)
+    tp = config.tensor_parallel_size
+    model = load_model(config.model, mc, config.dtype, config.device) if tp == 1 else None
     spec_config = None if config.speculative_config is None else SpeculativeConfig.from_dict(
         config.speculative_config, config.model, mc, config.max_model_len)
     # A draft model's cache has as many blocks as the target's: one memory budget pays for both.
     draft_bytes = 0 if spec_config is None or spec_config.model is None \
         else ModelConfig.from_dir(spec_config.model).kv_bytes_per_token(config.dtype)
-    num_blocks = kv_budget_blocks(config, mc, model, draft_bytes)
-    backend = make_backend(config, mc)
+    # Under tensor parallelism every rank's cache holds num_blocks blocks of its own KV heads.
+    num_blocks = kv_budget_blocks(config, mc if tp == 1 else local_config(mc, plan_shards(mc, 0, tp)),
+                                  model, draft_bytes)
+    group = None if tp == 1 else WorkerGroup(tp, config.device, build_rank, (
+        config.model, config.dtype, num_blocks, config.block_size,
+        resolve_backend_name(config.attention_backend, config.device), config.device, num_threads))
+    if group is not None:
+        model = group.local  # rank 0's shard
+    backend = make_backend(config, model.config)
     if config.kv_layout == "paged":
         kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
                             cache_salt(config, mc))
     else:
         kv = ContiguousKVManager(num_blocks, config.block_size, config.max_model_len,
                                  exact=config.kv_layout == "contiguous_exact")
-    runner = ModelRunner(model, backend, num_blocks, config.block_size, config.max_num_seqs,
-                         config.max_num_batched_tokens, config.max_model_len)
+    sizes = (num_blocks, config.block_size, config.max_num_seqs, config.max_num_batched_tokens,
+             config.max_model_len)
+    runner = ModelRunner(model, backend, *sizes) if group is None else TPModelRunner(group, backend, *sizes)
     if config.graph_mode != "none":
         from minirunner.worker.cudagraph import capture_sizes
 
@@ -116,13 +130,14 @@ def cache_salt(config: EngineConfig, model_config: ModelConfig) -> bytes:
 
 def configure_cpu_threads(config: EngineConfig) -> int:
     """On a CPU, set torch's intra-op threads: ``num_threads`` if given; under "auto" one per core this
-    process may run on; under None, torch's own setting. Returns the number in force (process-wide).
+    process may run on (divided among the tensor-parallel ranks, each of which uses the number returned);
+    under None, torch's own setting. Returns the number in force (process-wide).
     On an oversubscribed machine (more runnable threads than cores) one thread is far faster: pass
     num_threads=1 there (measurements: benchmarks/README.md)."""
     if config.device.type == "cpu" and config.num_threads is not None:
         if config.num_threads == "auto":
-            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                      else os.cpu_count() or 1))
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            torch.set_num_threads(max(1, cores // config.tensor_parallel_size))  # per rank
         else:
             torch.set_num_threads(config.num_threads)
     return torch.get_num_threads()

@@ -88,6 +88,10 @@ class ModelRunner:
         self.sampler.logits_processors.release(request_id)
         self.state.release(request_id)
 
+    def close(self) -> None:
+        """Release what lives outside this process: nothing on one device (a tensor-parallel runner
+        stops its workers)."""
+
     # -- the four stages ------------------------------------------------------------------------
     def prepare_inputs(self, scheduled: list[ScheduledRequest], kv: KVCacheManager,
                        bucket: int | None = None, query_len: int = 1,
@@ -127,10 +131,14 @@ class ModelRunner:
 
     def compute_logits(self, hidden: torch.Tensor, inputs: InputBatch) -> torch.Tensor:
         """fp32 logits [num_sampling, vocab] for the rows that sample only."""
-        if inputs.logits_indices.shape[0] == hidden.shape[0]:
-            # every row samples: the indices (ascending, distinct, < num_tokens) are 0..n-1
-            return self.model.compute_logits(hidden)
-        return self.model.compute_logits(hidden[inputs.logits_indices])
+        # every row samples: the indices (ascending, distinct, < num_tokens) are 0..n-1
+        every = inputs.logits_indices.shape[0] == hidden.shape[0]
+        return self.logits_at(hidden, None if every else inputs.logits_indices)
+
+    def logits_at(self, hidden: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """fp32 logits of the rows ``rows`` (int64, on the device; None: every row) of ``hidden``: the
+        one place an eager step computes logits (the sampled rows, and prompt logprobs' rows)."""
+        return self.model.compute_logits(hidden if rows is None else hidden[rows])
 
     def sample(self, logits: torch.Tensor, inputs: InputBatch) -> torch.Tensor:
         """One token per sampling request: int64 [num_sampling] (worker/sampler.py)."""
@@ -176,7 +184,7 @@ class ModelRunner:
                                                          len(scheduled))
             return LaunchedOutput(out, tokens.clone(), self._logprobs(out.logits, inputs))
         hidden = self.run_model(inputs)
-        out.prompt_logprobs = score_prompts(self.model, hidden, scheduled)
+        out.prompt_logprobs = score_prompts(self.logits_at, hidden, scheduled)
         if not len(inputs.sample_rows):
             return LaunchedOutput(out)
         out.logits = self.compute_logits(hidden, inputs)

@@ -22,7 +22,7 @@ from minirunner.tools.bench.workloads import WORKLOADS, Workload, make_workload
 # lookup) at batch size 1.
 # synchronous: for an async_scheduling run, the same runner reading every step before the next.
 COMPARE = ("transformers", "contiguous", "contiguous_exact", "plain", "transformers_assisted",
-           "synchronous")
+           "synchronous", "one_device")
 # torch's thread count before any LLM sets its own: the transformers baseline also runs with it.
 _DEFAULT_THREADS = torch.get_num_threads()
 
@@ -46,7 +46,8 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
     per request in a KV cache of the same size); with ``speculative_config``: ``plain`` (the same runner
     without speculation) and ``transformers_assisted`` (assisted generation on the same draft or n-gram
     lookup, batch size 1); with ``async_scheduling``: ``synchronous`` (the same runner
-    without it). ``warmup``: "short" (two 8-token requests through each engine before its timed
+    without it); with ``tensor_parallel_size`` > 1: ``one_device`` (the same runner unsharded).
+    ``warmup``: "short" (two 8-token requests through each engine before its timed
     run, and a 2-token generate for transformers) or "workload" (the whole workload once, untimed, through
     every engine: the timed runs then meet no first-time costs, e.g. allocations at lengths the short
     warm-up never reached; ``graph_mode="compile"`` always warms with the workload, since every bucket
@@ -66,6 +67,10 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
                          "without it: give --async-scheduling too")
     if llm_kwargs.get("kv_layout", "paged") != "paged" and any(c.startswith("contig") for c in compare):
         raise ValueError("compare with a contiguous layout from the paged one (kv_layout='paged')")
+    tp = llm_kwargs.get("tensor_parallel_size", 1)
+    if "one_device" in compare and tp == 1:
+        raise ValueError("--compare one_device compares a sharded run with one device: give "
+                         "--tensor-parallel-size 2 (or more) too")
     llm = LLM(model, **llm_kwargs)
     cfg, mc = llm.engine.config, llm.engine.model_config
     wl = make_workload(workload, num_requests, mc.vocab_size, cfg.max_model_len, seed, input_len,
@@ -78,7 +83,7 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
     hf_warm = warmup == "workload"
     run_minirunner(llm, warm)
     if spec is None:
-        label = f"minirunner ({cfg.kv_layout})"
+        label = f"minirunner ({cfg.kv_layout}{f', tensor_parallel_size={tp}' if tp > 1 else ''})"
     else:
         sc = llm.engine.spec.config
         how = f"{sc.method} k={sc.num_speculative_tokens}"
@@ -99,7 +104,7 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
                                             threads=threads, assistant_dir=draft,
                                             prompt_lookup_num_tokens=lookup, warm_all=hf_warm))
         else:
-            layout = "paged" if c in ("plain", "synchronous") else c
+            layout = "paged" if c in ("plain", "synchronous", "one_device") else c
             kw = dict(llm_kwargs, kv_layout=layout, num_kv_blocks=llm.engine.num_kv_blocks,
                       async_scheduling=False)
             name = f"minirunner ({layout})"
@@ -108,6 +113,9 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
                 name = "minirunner (paged, no speculation)"
             elif c == "synchronous":
                 name = f"minirunner (paged, {how}, synchronous)"
+            elif c == "one_device":
+                kw["tensor_parallel_size"] = 1
+                name = "minirunner (paged, one device)"
             kw.pop("kv_cache_memory_bytes", None)
             other = LLM(model, **kw)
             run_minirunner(other, warm)
