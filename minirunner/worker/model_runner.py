@@ -7,7 +7,9 @@ graph replay) and returns a RunnerOutput (worker/runner_output.py) — nothing i
 Owns the KV cache tensors (one block more than the pool hands out: the null block, where padding rows,
 slot -1, may write), the persistent per-request state rows (worker/states.py), the step buffers
 (worker/buffers.py, the only writer), the sampler (worker/sampler.py) and the graph manager
-(worker/cudagraph.py), and the choice between a graph replay and an eager step. Input preparation is
+(worker/cudagraph.py), the choice between a graph replay and an eager step, and, once at construction,
+the input path: GPU-native (the state rows' device mirrors, worker/state_mirror.py, read by the
+input-prep kernel; the CUDA default) or host (numpy; the CPU default). Input preparation is
 worker/input_batch.py. It never decides what to schedule and never appends a token to a request.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels._triton import HAS_TRITON
 from minirunner.attention.base import AttentionBackend
 from minirunner.engine.scheduler import ScheduledRequest, SchedulerOutput
 from minirunner.kv.block_table import cdiv
@@ -27,6 +30,7 @@ from minirunner.worker.cudagraph import DecodeGraphs, GraphKey, GraphKind
 from minirunner.worker.input_batch import InputBatch, prepare_input_batch, prepare_next_decode
 from minirunner.worker.runner_output import RunnerOutput, StepGraphInfo
 from minirunner.worker.sampler import Sampler, graph_ready
+from minirunner.worker.state_mirror import StateMirror
 from minirunner.worker.states import RequestStateRows
 
 
@@ -41,7 +45,9 @@ def allocate_kv_caches(cfg, num_blocks: int, block_size: int, dtype: torch.dtype
 class ModelRunner:
     def __init__(self, model: DecoderLM, backend: AttentionBackend, num_blocks: int,
                  block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int):
+                 max_model_len: int, input_prep: str | None = None):
+        """``input_prep``: "device" (GPU-native input preparation) or "host"; None: "device" on CUDA with
+        Triton, else "host"."""
         cfg = model.config
         self.model, self.backend = model, backend
         self.device, self.dtype = backend.device, backend.dtype
@@ -53,6 +59,8 @@ class ModelRunner:
                                    self.max_blocks_per_seq, block_size)
         self.graphs: DecodeGraphs | None = None
         self.sampler = Sampler(self.state, cfg.vocab_size, self.device)
+        self.input_prep, self.state_mirror = "host", None
+        self.set_input_prep(input_prep)
 
     def enable_graphs(self, mode: str, sizes: list[int], max_draft_tokens: int = 0, draft_q: bool = False,
                       extra_query_lens: tuple[int, ...] = ()) -> DecodeGraphs:
@@ -65,6 +73,20 @@ class ModelRunner:
         if mode == "cuda":
             self.graphs.capture_all()
         return self.graphs
+
+    def set_input_prep(self, input_prep: str | None) -> None:
+        """Choose the input path: "device" (GPU-native: the state rows' device mirrors, uploaded whole
+        now and then kept up to date by staged writes, read by the input-prep kernel), "host" (numpy),
+        or None ("device" on CUDA with Triton, else "host"). Both fill identical buffers; call it
+        between steps (the constructor does)."""
+        if input_prep is None:
+            input_prep = "device" if self.device.type == "cuda" and HAS_TRITON else "host"
+        if input_prep not in ("device", "host"):
+            raise ValueError(f"input_prep must be 'device' (GPU-native) or 'host', got {input_prep!r}")
+        self.input_prep = input_prep
+        self.state_mirror = StateMirror(self.state, self.device) if input_prep == "device" else None
+        if self.state_mirror is None:
+            self.state.record_writes(False)
 
     @torch.inference_mode()
     def copy_blocks(self, src: list[int], dst: list[int]) -> None:
@@ -91,7 +113,8 @@ class ModelRunner:
                        bucket: int | None = None, query_len: int = 1) -> InputBatch:
         """Fill the step buffers from the scheduler's decisions (worker/input_batch.py); ``bucket``: pad
         a uniform batch of ``query_len`` tokens per request to this many rows for a graph step."""
-        return prepare_input_batch(self.state, self.buffers, scheduled, kv, bucket, query_len)
+        return prepare_input_batch(self.state, self.buffers, scheduled, kv, bucket, query_len,
+                                   self.state_mirror)
 
     def prepare_next_decode(self, prev: InputBatch, tokens: torch.Tensor,
                             scheduled: list[ScheduledRequest], kv: KVCacheManager) -> InputBatch:
