@@ -24,7 +24,7 @@ from minirunner.kv.block_table import cdiv
 from minirunner.kv.manager import KVCacheManager
 from minirunner.logprobs import score_prompts
 from minirunner.model.decoder import DecoderLM
-from minirunner.spec_decode.verify import verify_drafts
+from minirunner.spec_decode.rejection_sampler import emitted_runs
 from minirunner.worker.buffers import StepBuffers
 from minirunner.worker.cudagraph import DecodeGraphs, GraphKey, GraphKind
 from minirunner.worker.input_batch import InputBatch, prepare_input_batch, prepare_next_decode
@@ -69,7 +69,8 @@ class ModelRunner:
         ``max_draft_tokens`` > 0: uniform verify steps with up to that many drafts per request run as
         buckets too (``draft_q``: with a draft model's q; else one-hot drafts only)."""
         self.graphs = DecodeGraphs(self.buffers, self.model, self.backend, self.kv_caches, mode, sizes,
-                                   max_draft_tokens, draft_q, extra_query_lens)
+                                   max_draft_tokens, draft_q, extra_query_lens,
+                                   self.sampler.rejection_sampler)
         if mode == "cuda":
             self.graphs.capture_all()
         return self.graphs
@@ -204,9 +205,8 @@ class ModelRunner:
             return out
         out.logits = self.compute_logits(hidden, inputs)
         if len(inputs.draft_token_ids):
-            state, rows = self.state, inputs.sample_rows
-            out.runs = verify_drafts(out.logits, inputs, draft_probs, state.temperature[rows],
-                                     state.top_k[rows], state.top_p[rows], state.seed[rows])
+            out.runs = self.sampler.verify(out.logits, inputs.sample_rows, inputs.draft_token_ids,
+                                           inputs.num_drafts, inputs.sample_positions, draft_probs)
             return out
         tokens = self.sample(out.logits, inputs)
         out.logprobs = self.sampler.logprobs(out.logits, tokens, inputs.sample_requests)
@@ -231,4 +231,4 @@ class ModelRunner:
             self.graphs.write_draft_probs(draft_probs)
         kind = GraphKind.VERIFY if draft_probs is not None else GraphKind.VERIFY_ONEHOT
         runs, logits, info = self._replay(bucket, kind, n, query_len)
-        return [[t for t in row if t >= 0] for row in self.postprocess(runs)], logits, info
+        return emitted_runs(runs), logits, info
