@@ -34,18 +34,27 @@ needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1"
 
 
 class Path:
-    """One way of preparing inputs: its own state rows, buffers and (device path) mirror."""
+    """One way of preparing inputs: its own state rows, buffers and (device path: ``kernel`` "twin",
+    "triton" or "default") mirror; ``kernel`` None: the host path."""
 
-    def __init__(self, kernel: str | None):
+    def __init__(self, kernel: str | None, device: torch.device = CPU):
         # 2 rows only: the state rows must grow (and the mirror with them) as requests pile up
         self.state = RequestStateRows(2, cdiv(MAX_LEN, BLOCK))
-        self.buffers = StepBuffers(CPU, MAX_TOKENS, MAX_SEQS, cdiv(MAX_LEN, BLOCK), BLOCK)
-        self.mirror = None if kernel is None else StateMirror(self.state, CPU, triton=kernel == "triton")
+        self.buffers = StepBuffers(device, MAX_TOKENS, MAX_SEQS, cdiv(MAX_LEN, BLOCK), BLOCK)
+        use_triton = {"twin": False, "triton": True, "default": None}
+        self.mirror = None if kernel is None else StateMirror(self.state, device, use_triton[kernel])
 
-    def prepare(self, scheduled, kv, bucket, query_len) -> dict:
-        inputs = prepare_input_batch(self.state, self.buffers, scheduled, kv, bucket, query_len, self.mirror)
+    def prepare(self, scheduled, kv, bucket, query_len, sync_check: bool = False) -> dict:
+        if sync_check:  # CUDA: the whole preparation launches work without waiting for the device once
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            inputs = prepare_input_batch(self.state, self.buffers, scheduled, kv, bucket, query_len,
+                                         self.mirror)
+        finally:
+            if sync_check:
+                torch.cuda.set_sync_debug_mode("default")
         if self.mirror is not None:  # the staged writes leave the device rows equal to the host rows
-            assert np.array_equal(self.mirror.block_tables.numpy(), self.state.block_tables)
+            assert np.array_equal(self.mirror.block_tables.cpu().numpy(), self.state.block_tables)
         return snapshot(inputs, self.buffers, bucket, query_len)
 
 
@@ -68,7 +77,8 @@ def snapshot(inputs, buffers: StepBuffers, bucket, query_len) -> dict:
                     static_ids=buffers.input_ids[:bucket * query_len],
                     static_slots=static.slot_mapping, static_positions=static.positions,
                     sampling=torch.stack([t.double() for t in buffers.sampling_params(bucket)]))
-    return {k: np.array(v.numpy() if isinstance(v, torch.Tensor) else v, copy=True) for k, v in snap.items()}
+    return {k: np.array(v.cpu().numpy() if isinstance(v, torch.Tensor) else v, copy=True)
+            for k, v in snap.items()}
 
 
 class World:
@@ -183,11 +193,9 @@ class World:
         kv.check_invariants()
 
 
-@pytest.mark.parametrize("kernel", ["twin", pytest.param("triton", marks=needs_interpreter)])
-@pytest.mark.parametrize("seed", range(4))
-def test_device_path_fills_the_buffers_of_the_host_path(kernel, seed):
-    world, host, device = World(seed), Path(None), Path(kernel)
-    paths = (host, device)
+def compare_paths(seed: int, host: Path, device: Path, sync_check: bool = False) -> None:
+    """60 random steps through both paths, every step's buffers and host metadata compared."""
+    world, paths = World(seed), (host, device)
     seen = dict(graph=0, drafts=0, chunks=0, preempted=0, edited=0)
     for _ in range(60):
         scheduled, bucket, query_len = world.schedule(paths)
@@ -195,7 +203,7 @@ def test_device_path_fills_the_buffers_of_the_host_path(kernel, seed):
             world.finish_step([], paths)
             continue
         want = host.prepare(scheduled, world.kv, bucket, query_len)
-        got = device.prepare(scheduled, world.kv, bucket, query_len)
+        got = device.prepare(scheduled, world.kv, bucket, query_len, sync_check)
         assert want.keys() == got.keys()
         for key in want:
             assert np.array_equal(want[key], got[key]), key
@@ -209,22 +217,44 @@ def test_device_path_fills_the_buffers_of_the_host_path(kernel, seed):
     assert len(host.state.table_of) > 2  # the state rows grew, and the mirror with them
 
 
+@pytest.mark.parametrize("kernel", ["twin", pytest.param("triton", marks=needs_interpreter)])
+@pytest.mark.parametrize("seed", range(4))
+def test_device_path_fills_the_buffers_of_the_host_path(kernel, seed):
+    compare_paths(seed, Path(None), Path(kernel))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("seed", range(2))
+def test_cuda_device_path_fills_the_buffers_of_the_host_path_without_a_sync(seed):
+    """On CUDA: the compiled Triton kernel over pinned staged writes, no host sync while preparing."""
+    cuda = torch.device("cuda")
+    device = Path("default", cuda)
+    assert device.mirror.kernel.__name__ == "prepare_inputs"  # the CUDA default: the Triton kernel
+    compare_paths(seed, Path(None, cuda), device, sync_check=True)
+
+
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 TIGHT = dict(device="cpu", attention_backend="torch", block_size=4, num_kv_blocks=26, max_num_seqs=2,
              max_num_batched_tokens=16, enable_prefix_caching=True)
 
 
-@pytest.mark.parametrize("graph_mode, proposer", [("none", "none"), ("none", "ngram"), ("compile", "ngram")])
+@pytest.mark.parametrize("graph_mode, proposer",
+                         [("none", "none"), ("none", "ngram"), ("none", "draft_model"), ("compile", "ngram")])
 def test_engine_tokens_equal_on_both_paths(pair, graph_mode, proposer):  # noqa: F811
-    """Chunked prefill, prefix caching, preemption (and n-gram drafts; graph steps padded to a bucket):
-    the same greedy tokens."""
+    """Chunked prefill, prefix caching, preemption (and drafts, n-gram or from a draft model whose runner
+    takes the same path; graph steps padded to a bucket): the same greedy tokens."""
     tokens = {}
     graphs = dict(cudagraph_capture_sizes=[2]) if graph_mode == "compile" else {}
     for prep in ("host", "device"):
         llm = LLM(pair["target"], speculative_config=None if proposer == "none" else _spec(pair, proposer, 2),
                   graph_mode=graph_mode, **graphs, **TIGHT)
-        llm.llm_engine.runner.set_input_prep(prep)
-        assert llm.llm_engine.runner.input_prep == prep
+        runners = [llm.llm_engine.runner]
+        if proposer == "draft_model":
+            runners.append(llm.llm_engine.spec.proposer.runner)
+        for runner in runners:
+            runner.set_input_prep(prep)
+            assert runner.input_prep == prep
         outputs = _run(llm, _prompts(6), GREEDY)
         tokens[prep] = [o.outputs[0].token_ids for o in outputs]
         trace = llm.get_step_trace()
