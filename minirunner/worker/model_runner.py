@@ -7,9 +7,9 @@ graph replay) and returns a RunnerOutput (worker/runner_output.py) — nothing i
 Owns the KV cache tensors (one block more than the pool hands out: the null block, where padding rows,
 slot -1, may write), the persistent per-request state rows (worker/states.py), the step buffers
 (worker/buffers.py, the only writer), the sampler (worker/sampler.py) and the graph manager
-(worker/cudagraph.py), the choice between a graph replay and an eager step, and, once at construction,
-the input path: GPU-native (the state rows' device mirrors, worker/state_mirror.py, read by the
-input-prep kernel; the CUDA default) or host (numpy; the CPU default). Input preparation is
+(worker/cudagraph.py), the choice between a graph replay and an eager step, and the input path, chosen
+at construction (``set_input_prep``): GPU-native (the state rows' device mirrors, worker/state_mirror.py,
+read by the input-prep kernel; the CUDA default) or host (numpy; the CPU default). Input preparation is
 worker/input_batch.py. It never decides what to schedule and never appends a token to a request.
 """
 
