@@ -4,7 +4,9 @@ Owns turning persistent per-request state (num_computed_tokens and block table r
 state row) plus this step's schedule (idx_mapping, query_lens, indexed by batch position) into the
 attention inputs: positions, seq_lens, query_start_loc, slot_mapping and the batch's block tables,
 written into preallocated buffers so a CUDA graph can keep their storage. Padding batch rows get
-seq_len 0 and padding tokens slot -1. It never schedules, allocates blocks or advances state.
+seq_len 0 and a block-table row of zeros, padding tokens position 0 and slot -1; a graph step's padding
+rows may each own ``pad_query_len`` (padding) tokens, so query_start_loc steps on uniformly past the
+batch. It never schedules, allocates blocks or advances state.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def prepare_inputs_ref(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     batch_block_tables: torch.Tensor | None = None,
+    pad_query_len: int = 0,
 ) -> None:
     """Fill this step's attention inputs in place (torch twin of :func:`prepare_inputs`).
 
@@ -55,8 +58,10 @@ def prepare_inputs_ref(
     batch_block_tables int32 [max_num_seqs, max_blocks_per_req] (optional; the rows of the batch).
     Request b's tokens are rows qsl[b]..qsl[b+1] at positions num_computed .. num_computed + q_len - 1,
     seq_lens[b] = num_computed + q_len and slot = block_table[pos // block_size] * block_size
-    + pos % block_size. Batch rows >= num_reqs: seq_len 0, qsl = total tokens, block table row 0.
-    Token rows >= total: position 0, slot -1.
+    + pos % block_size. Batch rows b >= num_reqs are padding rows of ``pad_query_len`` tokens each:
+    qsl[b] = total + (b - num_reqs) * pad_query_len (0: every one at total tokens; a uniform graph
+    bucket of q tokens per row passes q, so qsl = 0, q, 2q, ... throughout), seq_len 0, block table row
+    0. Token rows >= total: position 0, slot -1.
     """
     _check(idx_mapping, query_lens, positions, slot_mapping, seq_lens, query_start_loc,
            batch_block_tables, block_tables)
@@ -68,8 +73,9 @@ def prepare_inputs_ref(
     total = starts[-1]
     computed = num_computed_tokens.long()[rows]
 
-    query_start_loc.copy_(total.expand(query_start_loc.shape[0]))
     query_start_loc[:num_reqs] = starts[:num_reqs].to(query_start_loc.dtype)
+    pads = torch.arange(query_start_loc.shape[0] - num_reqs, device=query_start_loc.device)
+    query_start_loc[num_reqs:] = (total + pads * pad_query_len).to(query_start_loc.dtype)
     seq_lens.zero_()
     seq_lens[:num_reqs] = (computed + q_lens).to(seq_lens.dtype)
 
@@ -96,7 +102,7 @@ def prepare_inputs_ref(
 def _prepare_inputs_kernel(
     idx_mapping_ptr, query_lens_ptr, num_computed_ptr, block_tables_ptr,
     positions_ptr, slot_mapping_ptr, seq_lens_ptr, query_start_loc_ptr, batch_block_tables_ptr,
-    num_reqs, max_num_seqs, max_num_tokens, max_blocks, stride_bt, stride_bbt,
+    num_reqs, max_num_seqs, max_num_tokens, max_blocks, stride_bt, stride_bbt, pad_query_len,
     BLOCK_SIZE: tl.constexpr, REQS_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
     BLOCK_B: tl.constexpr, GATHER_TABLES: tl.constexpr,
 ):
@@ -128,7 +134,7 @@ def _prepare_inputs_kernel(
                 blocks = tl.load(block_tables_ptr + row * stride_bt + c, mask=c < max_blocks)
                 tl.store(batch_block_tables_ptr + b * stride_bbt + c, blocks, mask=c < max_blocks)
     elif b < max_num_seqs:
-        tl.store(query_start_loc_ptr + b, total)
+        tl.store(query_start_loc_ptr + b, total + (b - num_reqs) * pad_query_len)
         tl.store(seq_lens_ptr + b, 0)
         if GATHER_TABLES:
             for c0 in range(0, max_blocks, BLOCK_B):
@@ -137,7 +143,7 @@ def _prepare_inputs_kernel(
                          tl.zeros([BLOCK_B], tl.int32), mask=c < max_blocks)
     else:
         # The last program closes query_start_loc and pads the token tail.
-        tl.store(query_start_loc_ptr + max_num_seqs, total)
+        tl.store(query_start_loc_ptr + max_num_seqs, total + (max_num_seqs - num_reqs) * pad_query_len)
         for t0 in range(total, max_num_tokens, BLOCK_T):
             i = t0 + offs_t
             m = i < max_num_tokens
@@ -156,6 +162,7 @@ def prepare_inputs(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     batch_block_tables: torch.Tensor | None = None,
+    pad_query_len: int = 0,
 ) -> None:
     """Triton version of :func:`prepare_inputs_ref` (same arguments, shapes, dtypes and results).
 
@@ -181,7 +188,7 @@ def prepare_inputs(
         idx_mapping, query_lens, num_computed_tokens, block_tables,
         positions, slot_mapping, seq_lens, query_start_loc, bbt,
         num_reqs, max_num_seqs, positions.shape[0], block_tables.shape[1],
-        block_tables.stride(0), bbt.stride(0) if gather else 0,
+        block_tables.stride(0), bbt.stride(0) if gather else 0, pad_query_len,
         BLOCK_SIZE=block_size, REQS_PAD=triton.next_power_of_2(max(max_num_seqs, 1)), BLOCK_T=128,
         BLOCK_B=128, GATHER_TABLES=gather,
     )

@@ -150,6 +150,38 @@ def rejection_sample_ref(
 
     if uniform_k is not None:
         return _uniform_runs(draft_token_ids, accepted, recovered, plain[bonus_row], uniform_k)
+    return _ragged_runs(draft_token_ids, accepted, recovered, plain[bonus_row], req, j, k)
+
+
+def greedy_rejection_sample(
+    draft_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    target_logits: torch.Tensor,
+    uniform_k: int | None = None,
+) -> torch.Tensor:
+    """What :func:`rejection_sample_ref` and :func:`rejection_sample` return when every temperature is 0,
+    from one argmax over the rows (no noise, no softmax, no filters): accept while the draft is the
+    target's argmax, then emit the argmax. Same arguments (those the greedy rule reads), shapes and
+    tokens. Plain torch on every device: there is no sampling for a kernel to fuse."""
+    batch = cu_num_draft_tokens.shape[0]
+    D = draft_token_ids.shape[0]
+    req, j, k = _request_index(cu_num_draft_tokens, D, uniform_k)
+    best = target_logits.argmax(dim=-1)
+    draft_row = torch.arange(D, device=best.device) + req
+    bonus = best[cu_num_draft_tokens.long() + torch.arange(batch, device=best.device)]
+    recovered = best[draft_row]
+    accepted = draft_token_ids == recovered
+    if uniform_k is not None:
+        return _uniform_runs(draft_token_ids, accepted, recovered, bonus, uniform_k)
+    return _ragged_runs(draft_token_ids, accepted, recovered, bonus, req, j, k)
+
+
+def _ragged_runs(draft_token_ids: torch.Tensor, accepted: torch.Tensor, recovered: torch.Tensor,
+                 bonus: torch.Tensor, req: torch.Tensor, j: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The emitted runs [batch, max_k + 1], -1 after each ends, from each draft's verdict (``accepted``,
+    bool [D]; ``recovered``, the token emitted if it is the first rejection, int64 [D]) and each
+    request's ``bonus`` token (emitted after all its k drafts pass); req, j, k: ``_request_index``."""
+    batch, dev = bonus.shape[0], bonus.device
     max_k = int(k.max()) if batch else 0
     out = torch.full((batch, max_k + 1), -1, dtype=torch.long, device=dev)
     acc = torch.zeros(batch, max_k + 1, dtype=torch.bool, device=dev)  # a False sentinel after k_i
@@ -158,7 +190,7 @@ def rejection_sample_ref(
     out[req, j] = torch.where(j < num_accepted[req], draft_token_ids, -1)
     rec = torch.full((batch, max_k + 1), 0, dtype=torch.long, device=dev)
     rec[req, j] = recovered
-    final = torch.where(num_accepted < k, rec.gather(1, num_accepted[:, None])[:, 0], plain[bonus_row])
+    final = torch.where(num_accepted < k, rec.gather(1, num_accepted[:, None])[:, 0], bonus)
     out[torch.arange(batch, device=dev), num_accepted] = final
     return out
 
@@ -166,8 +198,8 @@ def rejection_sample_ref(
 def _uniform_runs(draft_token_ids: torch.Tensor, accepted: torch.Tensor, recovered: torch.Tensor,
                   bonus: torch.Tensor, k: int) -> torch.Tensor:
     """The emitted runs [batch, k + 1] when every request has k drafts, from elementwise ops alone
-    (the same runs as the scatter-based tail of :func:`rejection_sample_ref`; the compiled verify step
-    uses this form: no in-place index writes for the compiler to reorder)."""
+    (the same runs as :func:`_ragged_runs`; the compiled verify step uses this form: no in-place index
+    writes for the compiler to reorder)."""
     batch = bonus.shape[0]
     num_accepted = accepted.view(batch, k).long().cumprod(dim=1).sum(dim=1)[:, None]
     cols = torch.arange(k + 1, device=bonus.device)[None, :]

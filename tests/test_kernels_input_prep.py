@@ -48,8 +48,27 @@ def test_worked_example(fn):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("block_size,num_reqs,max_seqs", [(1, 3, 4), (16, 5, 8), (32, 4, 4)])
-def test_matches_twin_on_random_state(block_size, num_reqs, max_seqs):
+@pytest.mark.parametrize("fn", [prepare_inputs, prepare_inputs_ref])
+def test_graph_bucket_padding_rows(fn):
+    """Two verify rows (3 tokens each) padded to a bucket of 4: the padding rows own 3 padding tokens
+    each, so query_start_loc steps on by 3 to the bucket's end (a uniform graph step's 0, q, 2q, ...),
+    with seq_len 0, block-table row 0, position 0 and slot -1."""
+    num_computed = torch.tensor([5, 2], dtype=torch.int32)
+    block_tables = torch.tensor([[7, 3], [4, 9]], dtype=torch.int32)
+    buf = _buffers(12, 4, 2)
+    fn(torch.tensor([1, 0], dtype=torch.int32), torch.tensor([3, 3], dtype=torch.int32), num_computed,
+       block_tables, 4, **buf, pad_query_len=3)
+    assert buf["query_start_loc"].tolist() == [0, 3, 6, 9, 12]
+    assert buf["positions"].tolist() == [2, 3, 4, 5, 6, 7] + [0] * 6
+    assert buf["slot_mapping"].tolist() == [18, 19, 36, 13, 14, 15] + [-1] * 6
+    assert buf["seq_lens"].tolist() == [5, 8, 0, 0]
+    assert buf["batch_block_tables"].tolist() == [[4, 9], [7, 3], [0, 0], [0, 0]]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("block_size,num_reqs,max_seqs,pad_query_len",
+                         [(1, 3, 4, 0), (16, 5, 8, 0), (32, 4, 4, 0), (16, 3, 8, 2), (4, 1, 4, 5)])
+def test_matches_twin_on_random_state(block_size, num_reqs, max_seqs, pad_query_len):
     gen = torch.Generator().manual_seed(block_size)
     max_reqs, max_blocks = 10, 6
     rows = torch.randperm(max_reqs, generator=gen)[:num_reqs].to(torch.int32)
@@ -60,8 +79,10 @@ def test_matches_twin_on_random_state(block_size, num_reqs, max_seqs):
     block_tables = torch.randint(0, 100, (max_reqs, max_blocks), generator=gen, dtype=torch.int32)
     max_tokens = int(query_lens.sum()) + 5
     got, want = _buffers(max_tokens, max_seqs, max_blocks), _buffers(max_tokens, max_seqs, max_blocks)
-    prepare_inputs(rows, query_lens, num_computed, block_tables, block_size, **got)
-    prepare_inputs_ref(rows, query_lens, num_computed, block_tables, block_size, **want)
+    prepare_inputs(rows, query_lens, num_computed, block_tables, block_size, **got,
+                   pad_query_len=pad_query_len)
+    prepare_inputs_ref(rows, query_lens, num_computed, block_tables, block_size, **want,
+                       pad_query_len=pad_query_len)
     for name in got:
         assert torch.equal(got[name], want[name]), name
     # The slot of every real token lies in the block its position falls into.
@@ -69,6 +90,8 @@ def test_matches_twin_on_random_state(block_size, num_reqs, max_seqs):
     pos, slot = got["positions"][:total], got["slot_mapping"][:total]
     assert torch.all(slot % block_size == pos % block_size)
     assert torch.all(got["slot_mapping"][total:] == -1)
+    pads = torch.arange(max_seqs - num_reqs + 1, dtype=torch.int32)
+    assert torch.equal(got["query_start_loc"][num_reqs:], total + pads * pad_query_len)
 
 
 @needs_interpreter

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minirunner.spec_decode.rejection_sampler import emitted_runs
 from minirunner.worker.runner_output import RunnerOutput
 
 
@@ -59,9 +60,8 @@ class LaunchedOutput:
         if self.sampled is not None:
             if self._ready is not None:
                 self._ready.synchronize()
-            rows = self._host.tolist()
-            out.runs = [[t] for t in rows] if self.sampled.dim() == 1 else \
-                [[t for t in row if t >= 0] for row in rows]
+            out.runs = [[t] for t in self._host.tolist()] if self.sampled.dim() == 1 \
+                else emitted_runs(self._host)
             if self._logprobs is not None:
                 out.logprobs = self._logprobs(self.sampled)
             self.sampled = self._logprobs = None

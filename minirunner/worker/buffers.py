@@ -5,8 +5,10 @@ so it is never reallocated), every write into them — host arrays staged throug
 without blocking, device tensors copied on the device (a step scheduled ahead), padding rows included —
 and the attention-metadata views a graph step reads. Every row of a graph step's bucket is written each
 step (padding rows: token 0, position 0, slot -1, seq_len 0, block-table row 0, greedy), so no step reads
-a stale tail. It never decides what goes in (input preparation, worker/input_batch.py, does) and never runs
-the model.
+a stale tail. On the GPU-native input path it runs the input-prep kernel (kernels/input_prep.py) that fills
+positions, slots, seq_lens, query_start_loc and block tables from the state rows' device mirrors
+(worker/state_mirror.py), and writes only the host mirrors the host plans from. It never decides what goes
+in (input preparation, worker/input_batch.py, does) and never runs the model.
 """
 
 from __future__ import annotations
@@ -111,15 +113,23 @@ class StepBuffers:
         """A graph step's per-row inputs for the first n rows, padded to ``bucket``: the block tables at
         full width (zeros for padding) and, with ``sampling`` (temperatures, top_k, top_p, seeds: [n]
         each), the sampling parameters (padding: 0, 0, 1, 0 — greedy)."""
-        n = tables.shape[0]
-        full = np.zeros((bucket, self.max_blocks_per_seq), dtype=np.int32)
-        full[:n] = tables
-        self.put(self.block_tables, full, own_host)
-        for name, fill in (("temperatures", 0), ("top_k", 0), ("top_p", 1), ("seeds", 0)) \
-                if sampling is not None else ():
+        self.put(self.block_tables, self._full_width(tables, bucket), own_host)
+        if sampling is not None:
+            self.put_sampling_rows(sampling, bucket, own_host)
+
+    def put_sampling_rows(self, sampling: dict[str, np.ndarray], bucket: int, own_host: bool = False) -> None:
+        """A graph step's sampling parameters (temperatures, top_k, top_p, seeds: [n] each), padded to
+        ``bucket`` rows with 0, 0, 1, 0 (greedy)."""
+        for name, fill in (("temperatures", 0), ("top_k", 0), ("top_p", 1), ("seeds", 0)):
             values = sampling[name]
-            self.put(getattr(self, name), np.concatenate((values, np.full(bucket - n, fill, values.dtype))),
-                     own_host)
+            self.put(getattr(self, name), np.concatenate((values, np.full(bucket - len(values), fill,
+                                                                          values.dtype))), own_host)
+
+    def _full_width(self, tables: np.ndarray, bucket: int) -> np.ndarray:
+        """Block-table rows at full width, padded with rows of zeros to ``bucket`` rows."""
+        full = np.zeros((bucket, self.max_blocks_per_seq), dtype=np.int32)
+        full[:tables.shape[0]] = tables
+        return full
 
     def write_padding_rows(self, start: int, end: int, query_len: int = 1) -> None:
         """Rows [start, end) of the graph-step buffers become padding rows of ``query_len`` tokens each:
@@ -133,6 +143,42 @@ class StepBuffers:
             self.put_rows(buf, start, np.full(n, value))
         self.put_rows(self.block_tables, start, np.zeros((n, self.max_blocks_per_seq), np.int32))
         self.put(self.query_start_loc, np.arange(end + 1, dtype=np.int32) * q)
+
+    # -- the GPU-native input path: the input-prep kernel writes the metadata on the device -----------
+    def fill_on_device(self, kernel, idx_mapping: torch.Tensor, query_lens: torch.Tensor,
+                       num_computed: torch.Tensor, state_tables: torch.Tensor, num_tokens: int,
+                       qsl: np.ndarray, seq_lens: np.ndarray, max_query_len: int, max_seq_len: int,
+                       tables_cpu: torch.Tensor | None, pad_query_len: int = 0) -> AttentionMetadata:
+        """Run ``kernel`` (kernels.input_prep.prepare_inputs or its twin) over the state rows' device
+        mirrors (``num_computed`` int32 [rows], ``state_tables`` int32 [rows, max blocks]) for this
+        step's ``idx_mapping`` and ``query_lens`` (int32 [n], on the device): it writes positions, slots,
+        seq_lens, query_start_loc and the batch's block tables over every row of the buffers (padding
+        rows of ``pad_query_len`` tokens each). Returns the metadata of the first ``num_tokens`` tokens
+        and ``len(seq_lens)`` sequences; ``qsl``, ``seq_lens`` (host arrays the host already knows) and
+        ``tables_cpu`` are its host copies."""
+        kernel(idx_mapping, query_lens, num_computed, state_tables, self.block_size, self.positions,
+               self.slot_mapping, self.seq_lens, self.query_start_loc, self.block_tables,
+               pad_query_len=pad_query_len)
+        n = len(seq_lens)
+        return AttentionMetadata(
+            positions=self.positions[:num_tokens], slot_mapping=self.slot_mapping[:num_tokens],
+            query_start_loc=self.query_start_loc[:n + 1], seq_lens=self.seq_lens[:n],
+            block_tables=self.block_tables[:n],
+            query_start_loc_cpu=torch.from_numpy(qsl), seq_lens_cpu=torch.from_numpy(seq_lens),
+            max_query_len=max_query_len, max_seq_len=max_seq_len, block_size=self.block_size,
+            block_tables_cpu=tables_cpu)
+
+    def put_graph_host_rows(self, tables: np.ndarray, qsl: np.ndarray, seq_lens: np.ndarray,
+                            bucket: int) -> None:
+        """The host mirrors a graph step's plan reads (``static_meta``'s host copies), for a step whose
+        device side the input-prep kernel fills: query_start_loc [bucket + 1], seq_lens [bucket] and the
+        block tables at full width (zeros for padding). On a CPU the mirror is the buffer itself, which
+        the kernel fills: nothing to write."""
+        for buf, arr in ((self.query_start_loc, qsl), (self.seq_lens, seq_lens),
+                         (self.block_tables, self._full_width(tables, bucket))):
+            host = self.host(buf)
+            if host is not buf:
+                host.numpy()[tuple(slice(0, k) for k in arr.shape)] = arr
 
     # -- device writes (a step built from the previous step's outputs, no host round trip) ----------
     def gather_input_ids(self, pairs: np.ndarray, tokens: torch.Tensor) -> None:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from kernels._triton import HAS_TRITON
-from kernels.rejection_sampling import rejection_sample, rejection_sample_ref
 from kernels.sampling import sample, sample_ref
+from minirunner.spec_decode.rejection_sampler import RejectionSampler
 
 
 class GraphKind(enum.Enum):
@@ -116,11 +116,12 @@ class DecodeGraphs:
     speculative decoding), which sizes the buffer of the draft model's q ([largest bucket * k, vocab]
     fp32, made on first use; ``draft_q``: whether VERIFY steps, which read it, will run, as opposed to
     VERIFY_ONEHOT only). ``extra_query_lens``: further GREEDY query lengths a run replays (the draft's
-    2-token pass).
+    2-token pass). ``rejection_sampler``: what a verify step ends with (the runner's; None: a new one).
     """
 
     def __init__(self, buffers, model, backend, kv_caches, mode: str, sizes: Sequence[int],
-                 max_draft_tokens: int = 0, draft_q: bool = False, extra_query_lens: Sequence[int] = ()):
+                 max_draft_tokens: int = 0, draft_q: bool = False, extra_query_lens: Sequence[int] = (),
+                 rejection_sampler: RejectionSampler | None = None):
         if mode not in ("compile", "cuda"):
             raise ValueError(f"DecodeGraphs runs graph_mode 'compile' or 'cuda', not {mode!r}")
         if not backend.supports_graphs:
@@ -132,6 +133,7 @@ class DecodeGraphs:
                              "for the triton/flashinfer kernels on a GPU")
         self.buffers, self.model, self.backend, self.kv_caches = buffers, model, backend, kv_caches
         self.mode, self.device = mode, buffers.device
+        self.rejection_sampler = rejection_sampler or RejectionSampler(self.device)
         # vLLM caps cudagraph_capture_sizes by max_num_batched_tokens: a bucket's rows are token rows of
         # the static buffers, so a bucket larger than the token budget could never be written.
         self.max_tokens = buffers.max_num_tokens
@@ -217,7 +219,7 @@ class DecodeGraphs:
             cu = self._verify_cu.setdefault(
                 (size, k), torch.arange(1, size + 1, device=self.device, dtype=torch.int64) * k)
             probs = self._probs_buffer()[:size * k] if kind is GraphKind.VERIFY else None
-            rejection = rejection_sample if on_gpu else rejection_sample_ref
+            rejection = self.rejection_sampler
 
             def verify_step():
                 backend.plan_static(meta)

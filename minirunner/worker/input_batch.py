@@ -3,9 +3,12 @@
 
 Owns what each buffer row holds for a step: token ids (known tokens, then speculative drafts), positions,
 slots (the one formula, kv/block_table.py), query_start_loc, seq_lens, block-table rows, the rows whose
-logits are computed, and for a graph step the padding to its bucket; this is host work (numpy, no device
-sync) whose writes all go through worker/buffers.py. It syncs each request's state row (worker/states.py)
-but never allocates blocks, runs the model or samples.
+logits are computed, and for a graph step the padding to its bucket. Two paths fill the same buffers: the
+host path (numpy, no device sync: the CPU default) and the GPU-native path (the CUDA default), where the
+host sends only the step's idx_mapping, query lengths, token ids and the state rows' changed cells
+(worker/state_mirror.py) and the input-prep kernel computes positions, slots, seq_lens, query_start_loc and
+the block-table gather on the device. Every write goes through worker/buffers.py. It syncs each request's
+state row (worker/states.py) but never allocates blocks, runs the model or samples.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from minirunner.kv.block_table import cdiv, slot_of
 from minirunner.kv.manager import KVCacheManager
 from minirunner.worker.async_output import PrevSampled
 from minirunner.worker.buffers import StepBuffers
+from minirunner.worker.state_mirror import StateMirror
 from minirunner.worker.states import RequestStateRows
 
 
@@ -48,15 +52,16 @@ class InputBatch:
 
 def prepare_input_batch(state: RequestStateRows, buffers: StepBuffers, scheduled: list[ScheduledRequest],
                         kv: KVCacheManager, bucket: int | None = None, query_len: int = 1,
-                        prev: PrevSampled | None = None) -> InputBatch:
-    """Fill the step buffers from the scheduler's decisions (host work, numpy, no device sync).
+                        mirror: StateMirror | None = None, prev: PrevSampled | None = None) -> InputBatch:
+    """Fill the step buffers from the scheduler's decisions (no device sync).
 
     ``bucket``: a uniform batch (every request ``query_len`` tokens: 1 for decode, k + 1 for a
     verify step) padded to this many rows for a graph step: rows past the batch become padding
     rows, block tables are written at their full width, and the sampling parameters go to their
-    static buffers; the returned metadata describes the padded batch. ``prev``: the tokens sampled by
-    the step still in flight (async scheduling); a request's token the host has not read yet is
-    gathered from them on the device."""
+    static buffers; the returned metadata describes the padded batch. ``mirror``: the state rows'
+    device mirrors, for the GPU-native path (None: the host path); both fill identical buffers.
+    ``prev``: the tokens sampled by the step still in flight (async scheduling); a request's token the
+    host has not read yet is gathered from them on the device."""
     S = len(scheduled)
     b = buffers
     rows = np.empty(S, dtype=np.int64)
@@ -86,8 +91,6 @@ def prepare_input_batch(state: RequestStateRows, buffers: StepBuffers, scheduled
         t += n
     qsl = np.zeros(S + 1, dtype=np.int32)
     np.cumsum(qlens, out=qsl[1:])
-    positions = np.repeat(starts - qsl[:-1], qlens) + np.arange(T)
-    slots = _slots(state, b.block_size, np.repeat(rows, qlens), positions)
     seq_lens = (starts + qlens).astype(np.int32)
     max_seq_len = int(seq_lens.max())
     # logits_indices: each sampling request's last known token, then each of its drafts
@@ -96,14 +99,20 @@ def prepare_input_batch(state: RequestStateRows, buffers: StepBuffers, scheduled
     logits_rows = np.repeat(qsl[1:][samples] - width, width) \
         + np.arange(int(width.sum())) - np.repeat(np.cumsum(width) - width, width)
     sample_positions = (seq_lens[samples] - d).astype(np.int64)  # of the first token sampled
-    tables_cpu = None
-    if bucket is None:
-        tables_cpu = b.put_tables(state.block_tables[rows, :cdiv(max_seq_len, b.block_size)])
-    else:  # every request samples: the padded rows follow the batch's
-        ids, positions, slots, seq_lens, qsl, sample_positions = _pad_uniform(state, b,
-            ids, positions, slots, seq_lens, sample_positions, rows, bucket, query_len)
-        S = bucket
-    meta = b.put_meta(positions, slots, qsl, seq_lens, S, int(qlens.max()), max_seq_len, tables_cpu)
+    if mirror is not None:
+        meta, ids, sample_positions = _prepare_on_device(mirror, state, b, rows, qlens, starts, ids, qsl,
+                                                         seq_lens, sample_positions, bucket, query_len)
+    else:
+        positions = np.repeat(starts - qsl[:-1], qlens) + np.arange(T)
+        slots = _slots(state, b.block_size, np.repeat(rows, qlens), positions)
+        tables_cpu = None
+        if bucket is None:
+            tables_cpu = b.put_tables(state.block_tables[rows, :cdiv(max_seq_len, b.block_size)])
+        else:  # every request samples: the padded rows follow the batch's
+            ids, positions, slots, seq_lens, qsl, sample_positions = _pad_uniform(state, b,
+                ids, positions, slots, seq_lens, sample_positions, rows, bucket, query_len)
+            S = bucket
+        meta = b.put_meta(positions, slots, qsl, seq_lens, S, int(qlens.max()), max_seq_len, tables_cpu)
     input_ids = b.put(b.input_ids, ids)
     if in_flight:
         b.gather_input_ids(np.asarray(in_flight, dtype=np.int64), prev.tokens)
@@ -164,6 +173,35 @@ def _pad_uniform(state: RequestStateRows, buffers: StepBuffers, ids, positions, 
     return (padded(ids, 0, q), padded(positions, 0, q), padded(slots, -1, q), padded(seq_lens, 0),
             np.arange(bucket + 1, dtype=np.int32) * q, padded(sample_positions, 0))
 
+
+
+def _prepare_on_device(mirror: StateMirror, state: RequestStateRows, buffers: StepBuffers, rows: np.ndarray,
+                       qlens: np.ndarray, starts: np.ndarray, ids: np.ndarray, qsl: np.ndarray,
+                       seq_lens: np.ndarray, sample_positions: np.ndarray, bucket: int | None,
+                       query_len: int) -> tuple[AttentionMetadata, np.ndarray, np.ndarray]:
+    """The GPU-native path's metadata: the mirrors take this step's staged writes, then the input-prep
+    kernel fills positions, slots, seq_lens, query_start_loc and block tables on the device. The host
+    keeps only what it already knows for its own plans (query_start_loc and seq_lens from the query
+    lengths; an eager step's block-table rows; a graph step's host mirrors). Returns (the metadata, the
+    token ids and sample positions to write, padded for a graph step)."""
+    max_query_len, max_seq_len = int(qlens.max()), int(seq_lens.max())
+    idx_mapping, query_lens = mirror.stage(rows, qlens, starts)
+    num_tokens, tables_cpu, pad_query_len = len(ids), None, 0
+    if bucket is None:
+        tables_cpu = torch.from_numpy(state.block_tables[rows, :cdiv(max_seq_len, buffers.block_size)])
+    else:  # every request samples: the padding rows follow the batch's
+        pad, pad_query_len = bucket - len(rows), query_len
+        ids = np.concatenate((ids, np.zeros(pad * query_len, dtype=ids.dtype)))
+        seq_lens = np.concatenate((seq_lens, np.zeros(pad, dtype=seq_lens.dtype)))
+        sample_positions = np.concatenate((sample_positions, np.zeros(pad, dtype=sample_positions.dtype)))
+        qsl, num_tokens = np.arange(bucket + 1, dtype=np.int32) * query_len, bucket * query_len
+        tables, sampling = graph_rows(state, rows)
+        buffers.put_graph_host_rows(tables, qsl, seq_lens, bucket)
+        buffers.put_sampling_rows(sampling, bucket)
+    meta = buffers.fill_on_device(mirror.kernel, idx_mapping, query_lens, mirror.num_computed,
+                                  mirror.block_tables, num_tokens, qsl, seq_lens, max_query_len,
+                                  max_seq_len, tables_cpu, pad_query_len)
+    return meta, ids, sample_positions
 
 
 def graph_rows(state: RequestStateRows, rows: np.ndarray, sampling: bool = True

@@ -8,7 +8,9 @@ tokens to the host and gives its RunnerOutput (worker/runner_output.py) — noth
 Owns the KV cache tensors (one block more than the pool hands out: the null block, where padding rows,
 slot -1, may write), the persistent per-request state rows (worker/states.py), the step buffers
 (worker/buffers.py, the only writer), the sampler (worker/sampler.py) and the graph manager
-(worker/cudagraph.py), and the choice between a graph replay and an eager step. Input preparation is
+(worker/cudagraph.py), the choice between a graph replay and an eager step, and the input path, chosen
+at construction (``set_input_prep``): GPU-native (the state rows' device mirrors, worker/state_mirror.py,
+read by the input-prep kernel; the CUDA default) or host (numpy; the CPU default). Input preparation is
 worker/input_batch.py. It never decides what to schedule and never appends a token to a request.
 """
 
@@ -16,19 +18,20 @@ from __future__ import annotations
 
 import torch
 
+from kernels._triton import HAS_TRITON
 from minirunner.attention.base import AttentionBackend
 from minirunner.engine.scheduler import ScheduledRequest, SchedulerOutput
 from minirunner.kv.block_table import cdiv
 from minirunner.kv.manager import KVCacheManager
 from minirunner.logprobs import score_prompts
 from minirunner.model.decoder import DecoderLM
-from minirunner.spec_decode.verify import verify_drafts
 from minirunner.worker.async_output import LaunchedOutput, PrevSampled
 from minirunner.worker.buffers import StepBuffers
 from minirunner.worker.cudagraph import DecodeGraphs, GraphKey, GraphKind
 from minirunner.worker.input_batch import InputBatch, prepare_input_batch, prepare_next_decode
 from minirunner.worker.runner_output import RunnerOutput, StepGraphInfo
 from minirunner.worker.sampler import Sampler, graph_ready
+from minirunner.worker.state_mirror import StateMirror
 from minirunner.worker.states import RequestStateRows
 
 
@@ -43,7 +46,9 @@ def allocate_kv_caches(cfg, num_blocks: int, block_size: int, dtype: torch.dtype
 class ModelRunner:
     def __init__(self, model: DecoderLM, backend: AttentionBackend, num_blocks: int,
                  block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int):
+                 max_model_len: int, input_prep: str | None = None):
+        """``input_prep``: "device" (GPU-native input preparation) or "host"; None: "device" on CUDA with
+        Triton, else "host"."""
         cfg = model.config
         self.model, self.backend = model, backend
         self.device, self.dtype = backend.device, backend.dtype
@@ -55,6 +60,8 @@ class ModelRunner:
                                    self.max_blocks_per_seq, block_size)
         self.graphs: DecodeGraphs | None = None
         self.sampler = Sampler(self.state, cfg.vocab_size, self.device)
+        self.input_prep, self.state_mirror = "host", None
+        self.set_input_prep(input_prep)
 
     def enable_graphs(self, mode: str, sizes: list[int], max_draft_tokens: int = 0, draft_q: bool = False,
                       extra_query_lens: tuple[int, ...] = ()) -> DecodeGraphs:
@@ -63,10 +70,25 @@ class ModelRunner:
         ``max_draft_tokens`` > 0: uniform verify steps with up to that many drafts per request run as
         buckets too (``draft_q``: with a draft model's q; else one-hot drafts only)."""
         self.graphs = DecodeGraphs(self.buffers, self.model, self.backend, self.kv_caches, mode, sizes,
-                                   max_draft_tokens, draft_q, extra_query_lens)
+                                   max_draft_tokens, draft_q, extra_query_lens,
+                                   self.sampler.rejection_sampler)
         if mode == "cuda":
             self.graphs.capture_all()
         return self.graphs
+
+    def set_input_prep(self, input_prep: str | None) -> None:
+        """Choose the input path: "device" (GPU-native: the state rows' device mirrors, uploaded whole
+        now and then kept up to date by staged writes, read by the input-prep kernel), "host" (numpy),
+        or None ("device" on CUDA with Triton, else "host"). Both fill identical buffers; call it
+        between steps (the constructor does)."""
+        if input_prep is None:
+            input_prep = "device" if self.device.type == "cuda" and HAS_TRITON else "host"
+        if input_prep not in ("device", "host"):
+            raise ValueError(f"input_prep must be 'device' (GPU-native) or 'host', got {input_prep!r}")
+        self.input_prep = input_prep
+        self.state_mirror = StateMirror(self.state, self.device) if input_prep == "device" else None
+        if self.state_mirror is None:
+            self.state.record_writes(False)
 
     @torch.inference_mode()
     def copy_blocks(self, src: list[int], dst: list[int]) -> None:
@@ -99,7 +121,8 @@ class ModelRunner:
         """Fill the step buffers from the scheduler's decisions (worker/input_batch.py); ``bucket``: pad
         a uniform batch of ``query_len`` tokens per request to this many rows for a graph step; ``prev``:
         the tokens of the step still in flight (async scheduling)."""
-        return prepare_input_batch(self.state, self.buffers, scheduled, kv, bucket, query_len, prev)
+        return prepare_input_batch(self.state, self.buffers, scheduled, kv, bucket, query_len,
+                                   self.state_mirror, prev)
 
     def prepare_next_decode(self, prev: InputBatch, tokens: torch.Tensor,
                             scheduled: list[ScheduledRequest], kv: KVCacheManager) -> InputBatch:
@@ -189,10 +212,9 @@ class ModelRunner:
             return LaunchedOutput(out)
         out.logits = self.compute_logits(hidden, inputs)
         if len(inputs.draft_token_ids):
-            state, rows = self.state, inputs.sample_rows
-            out.runs = verify_drafts(out.logits, inputs, draft_probs, state.temperature[rows],
-                                     state.top_k[rows], state.top_p[rows], state.seed[rows])
-            return LaunchedOutput(out)
+            runs = self.sampler.verify(out.logits, inputs.sample_rows, inputs.draft_token_ids,
+                                       inputs.num_drafts, inputs.sample_positions, draft_probs)
+            return LaunchedOutput(out, runs)
         tokens = self.sample(out.logits, inputs)
         return LaunchedOutput(out, tokens, self._logprobs(out.logits, inputs))
 

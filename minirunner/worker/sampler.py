@@ -1,5 +1,6 @@
 """The sampler: logits processors, then greedy / seeded sampling (the Triton kernel or its twin, chosen
-once), and the sampled tokens' logprobs.
+once), the sampled tokens' logprobs, and the verify stage of a speculative step (the rejection sampler,
+spec_decode/rejection_sampler.py, whose one instance the graph verify step shares).
 
 Owns the per-request logits-processor state (worker/logits_processing.py), which kind of compiled sampler
 a graph step needs, and whether a request can be sampled inside a graph step at all. It reads the
@@ -16,6 +17,7 @@ from kernels._triton import HAS_TRITON
 from kernels.sampling import sample, sample_ref
 from minirunner.engine.request import Request
 from minirunner.logprobs import TokenLogprobs, score_tokens
+from minirunner.spec_decode.rejection_sampler import RejectionSampler
 from minirunner.worker.cudagraph import GraphKind
 from minirunner.worker.logits_processing import (
     LogitsProcessors,
@@ -30,6 +32,7 @@ class Sampler:
         self.state, self.vocab_size = state, vocab_size
         self.logits_processors = LogitsProcessors(vocab_size, device)
         self._kernel = sample if device.type == "cuda" and HAS_TRITON else sample_ref
+        self.rejection_sampler = RejectionSampler(device)
 
     def sample(self, logits: torch.Tensor, rows: np.ndarray, requests: list[Request],
                positions: torch.Tensor) -> torch.Tensor:
@@ -52,6 +55,26 @@ class Sampler:
                                   positions, apply_filters=filters)
         self.logits_processors.record(tokens)
         return tokens
+
+    def verify(self, logits: torch.Tensor, rows: np.ndarray, draft_token_ids: np.ndarray,
+               num_drafts: np.ndarray, positions: torch.Tensor,
+               draft_probs: torch.Tensor | None) -> torch.Tensor:
+        """Each sampling request's emitted run (its accepted drafts, then the target's own token) of an
+        eager speculative step, on the device: int64 [num_sampling, max drafts + 1], -1 after each run
+        ends. logits: fp32 [num_drafts + num_sampling, vocab], each request's last
+        known token's row then one per draft; rows: their state rows (the sampling parameters);
+        draft_token_ids: int64 [num_draft_tokens]; num_drafts: int64 [num_sampling]; positions: int64
+        [num_sampling], each first sampled position; draft_probs: fp32 [num_draft_tokens, vocab], or
+        None for one-hot (n-gram) drafts."""
+        state, dev = self.state, logits.device
+        temps = state.temperature[rows]
+
+        def put(arr: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(arr).to(dev)
+
+        return self.rejection_sampler(put(draft_token_ids), put(np.cumsum(num_drafts)), draft_probs, logits,
+                                      put(temps), put(state.top_k[rows]), put(state.top_p[rows]),
+                                      put(state.seed[rows]), positions, all_greedy=not temps.any())
 
     def graph_kind(self, rows: np.ndarray) -> GraphKind:
         """Which compiled sampler a graph step of these state rows needs: GREEDY, SAMPLE or FILTER."""

@@ -3,8 +3,10 @@ block-table row and sampling parameters, kept across steps so a step writes only
 
 Owns row assignment (a free list that doubles when full) and is the only writer of block-table rows:
 appending new block ids to a row, and rewriting
-a row when its block table was replaced (preemption) or edited (copy-on-write, rolled-back drafts).
-Never allocates KV blocks and never touches device tensors.
+a row when its block table was replaced (preemption) or edited (copy-on-write, rolled-back drafts); and,
+for the GPU-native input path, the record of which block-table cells changed since it was last drained
+(worker/state_mirror.py copies just those to the device). Never allocates KV blocks and never touches
+device tensors.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class RequestStateRows:
         self.table_of: list[BlockTable | None] = [None] * capacity
         self.row_of: dict[str, int] = {}
         self.free = list(range(capacity - 1, -1, -1))
+        # row -> [first, end) of the block-table columns written since the last drain_writes (None: not
+        # recorded)
+        self._written: dict[int, tuple[int, int]] | None = None
 
     def _grow(self) -> None:
         cap = len(self.table_of)
@@ -68,7 +73,30 @@ class RequestStateRows:
         if len(blocks) > done:
             self.block_tables[row, done:len(blocks)] = blocks[done:]
             self.num_written[row] = len(blocks)
+            if self._written is not None:
+                first, end = self._written.get(row, (done, len(blocks)))
+                self._written[row] = (min(first, done), max(end, len(blocks)))
         return row
+
+    # -- the record of changed cells, for the device mirror (worker/state_mirror.py) ----------------
+    def record_writes(self, on: bool = True) -> None:
+        """From now on, remember (``on``) or not which block-table cells ``sync`` writes (each until
+        ``drain_writes``)."""
+        self._written = {} if on else None
+
+    def drain_writes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The block-table cells written since the last drain, once each, and forget them: (flat
+        indices row * max_blocks + column, int64 [n]; their block ids, int32 [n])."""
+        written, self._written = self._written, {}
+        if not written:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
+        rows = np.fromiter(written, dtype=np.int64, count=len(written))
+        first, end = np.array(list(written.values()), dtype=np.int64).T
+        counts = end - first
+        # every row's columns first .. end - 1, rows one after another
+        cols = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts - first, counts)
+        rows = np.repeat(rows, counts)
+        return rows * self.block_tables.shape[1] + cols, self.block_tables[rows, cols]
 
     def release(self, request_id: str) -> None:
         row = self.row_of.pop(request_id, None)
