@@ -152,3 +152,15 @@ def test_streaming_deltas_add_up_to_the_synchronous_text(tokenized):
     for chunk in _llm(tokenized, True).stream(prompts, params):
         texts[chunk.index] += chunk.new_text
     assert texts == want
+
+
+def test_async_on_the_device_input_path_equals_the_synchronous_host_path(pair):  # noqa: F811
+    """The GPU-native input path (forced here, on a CPU: the input-prep kernel's twin) with steps launched
+    ahead: the token in flight is gathered on the device after the kernel filled the step's buffers."""
+    prompts = _prompts(8, seed=9)
+    params = SamplingParams(temperature=0.8, top_p=0.95, seed=4, max_tokens=16, ignore_eos=True)
+    want = _fields(_llm(pair, False).generate(prompts, params, use_tqdm=False))
+    ahead = _llm(pair, True)
+    ahead.engine.runner.set_input_prep("device")
+    assert _fields(_run(ahead, prompts, params)) == want
+    assert any(t["scheduled_ahead"] for t in ahead.get_step_trace())
