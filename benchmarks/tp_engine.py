@@ -23,15 +23,12 @@ Timings on a machine busy with other jobs are noisy: the load average is recorde
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
+from tp_step import emit, machine  # benchmarks/ is on the path when a script here runs
 
 from minirunner import LLM, SamplingParams
 from minirunner.assets import default_model_dir
@@ -171,11 +168,8 @@ def main() -> None:
                            "repeats": args.repeats},
               "model": {"name": "embedded default (LLM() with no model)", "hidden_size": mc.hidden_size,
                         "layers": mc.num_layers, "vocab_size": mc.vocab_size},
-              "machine": {"cpus": os.cpu_count(), "load_average": os.getloadavg(),
-                          "torch": torch.__version__, "python": platform.python_version()}}
-    print(json.dumps(report, indent=1))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+              "machine": machine()}
+    emit(report, args.out)
 
 
 if __name__ == "__main__":

@@ -17,17 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from minirunner.assets import default_model_dir
 from minirunner.distributed import TPContext, WorkerGroup
 from minirunner.distributed.shard_worker import ShardWorker, StepBatch
+from minirunner.tools.bench import environment
 
 BLOCK = 16
 
@@ -63,6 +62,18 @@ def run(execute, args, vocab: int) -> dict:
             "tokens": np.stack(tokens, 1).tolist()}
 
 
+def machine() -> dict:
+    """The machine a figure was measured on, its load when measured included."""
+    return {**environment(), "cpus": os.cpu_count(), "load_average": os.getloadavg()}
+
+
+def emit(report: dict, out: str | None) -> None:
+    """Print the report, and write it to ``out`` as JSON when given."""
+    print(json.dumps(report, indent=1))
+    if out:
+        Path(out).write_text(json.dumps(report, indent=1) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqs", type=int, default=8)
@@ -87,11 +98,8 @@ def main() -> None:
     report = {"cpu": {**rows, "N=2": {"threads_per_rank": 1, **rows["N=2"]}},
               "gpu": "not measured", "greedy_tokens_identical": same,
               "batch": {"seqs": args.seqs, "prompt_len": args.prompt_len},
-              "machine": {"cpus": os.cpu_count(), "load_average": os.getloadavg(),
-                          "torch": torch.__version__, "python": platform.python_version()}}
-    print(json.dumps(report, indent=1))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+              "machine": machine()}
+    emit(report, args.out)
 
 
 if __name__ == "__main__":
