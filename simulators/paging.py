@@ -2,8 +2,9 @@
 
 Owns linear and two-level page-table translation (valid and present bits), page-table sizing, a TLB
 over an access trace and FIFO/LRU/OPT/CLOCK replacement. Seeded problems live in
-``simulators.paging_problems``, the command line (``python -m simulators.paging``) in
-``simulators.paging_cli``. Returns plain dataclasses; pure Python (never imports torch or numpy).
+``simulators.paging_problems``, the exercises on them in ``simulators.paging_exercises``, the command
+line (``python -m simulators.paging``) in ``simulators.paging_cli``. Returns plain dataclasses; pure
+Python (never imports torch or numpy).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import pytest
 
 from simulators.exercises import NotImplementedYet
 from simulators.paging import array_walk_vpns, simulate_policy
-from simulators.paging_problems import (
+from simulators.paging_exercises import (
     make_belady_exercise,
     make_exercise,
     make_page_size_exercise,

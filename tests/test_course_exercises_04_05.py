@@ -18,7 +18,7 @@ from simulators.graph_exercises import (
     make_ladder_exercise,
     make_padding_row_exercise,
 )
-from simulators.launch import make_step_time_task
+from simulators.launch_problems import make_step_time_task
 
 SEEDS = range(6)
 

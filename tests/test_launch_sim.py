@@ -8,15 +8,13 @@ import sys
 import pytest
 
 from simulators.buckets import capture_sizes, padded_batch_size
-from simulators.launch import (
-    dispatch_us_per_token,
+from simulators.launch import dispatch_us_per_token, predict_gpu_speedup, simulate
+from simulators.launch_problems import (
     make_bucket_exercise,
     make_graph_exercise,
     make_remedy_exercise,
     make_step_exercise,
-    predict_gpu_speedup,
     random_problem,
-    simulate,
 )
 
 
@@ -220,7 +218,7 @@ def test_command_line_hides_answers_unless_asked():
 
 
 def test_simulator_imports_without_torch():
-    code = ("import sys, simulators.launch, simulators.graph_exercises; "
+    code = ("import sys, simulators.launch, simulators.launch_problems, simulators.graph_exercises; "
             "assert 'torch' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"

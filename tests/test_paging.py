@@ -19,7 +19,8 @@ from simulators.paging import (
     simulate_tlb,
     split_address,
 )
-from simulators.paging_problems import make_exercise, random_linear_problem
+from simulators.paging_exercises import make_exercise
+from simulators.paging_problems import random_linear_problem
 
 # 4 KiB pages; VPN 0 -> PFN 3, VPN 1 invalid, VPN 2 -> PFN 7, VPN 3 -> PFN 0
 HAND_TABLE = LinearPageTable(4096, (3, None, 7, 0))
@@ -183,7 +184,8 @@ def test_cli_runs_as_a_module():
 
 
 def test_simulators_do_not_import_torch():
-    code = ("import sys, simulators.paging, simulators.paging_problems, simulators.paging_cli, "
+    code = ("import sys, simulators.paging, simulators.paging_problems, simulators.paging_exercises, "
+            "simulators.paging_cli, "
             "simulators.kv_memory, simulators.kv_allocator, simulators.kv_exercises, "
             "simulators.block_exercises, simulators.paper, simulators.exercises; "
             "assert 'torch' not in sys.modules, 'torch was imported'")

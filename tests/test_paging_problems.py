@@ -9,15 +9,14 @@ import pytest
 from simulators.exercises import Exercise
 from simulators.paging import simulate_policy
 from simulators.paging_cli import build_parser, main
-from simulators.paging_problems import (
-    belady_trace,
+from simulators.paging_exercises import (
     make_belady_exercise,
     make_exercise,
     make_multilevel_exercise,
     make_policy_exercise,
     make_tlb_exercise,
-    random_multilevel_problem,
 )
+from simulators.paging_problems import belady_trace, random_multilevel_problem
 
 MAKERS = [make_exercise, make_multilevel_exercise, make_tlb_exercise, make_policy_exercise,
           make_belady_exercise]
