@@ -39,7 +39,7 @@ from minirunner.worker.runner_output import RunnerOutput, StepGraphInfo
 @dataclass(eq=False)
 class EngineStep:
     """One step's results: (request, tokens appended) per request that produced a token or finished,
-    and the runner's output (None when nothing ran, or for a step launched ahead)."""
+    and the runner's output (None when nothing ran)."""
 
     produced: list[tuple[Request, list[int]]]
     runner_output: RunnerOutput | None = None
@@ -191,8 +191,8 @@ class LLMEngine:
                 raise
             if launched is not None or prev is not None:
                 return launched
-        drafting = self.spec is not None and self.spec.choose_k(len(self.scheduler.running)) > 0
-        if prev is not None and not may_continue(prev, drafting):
+        if prev is not None and not may_continue(
+                prev, self.spec is not None and self.spec.choose_k(len(self.scheduler.running)) > 0):
             return None
         return self._launch(prev)
 
@@ -239,9 +239,11 @@ class LLMEngine:
         """Read a launched step (waiting for it only) and apply it: tokens with stop checks, forks,
         speculative rollback and metrics, finished requests freed, a trace entry."""
         out = step.output.get_output()
-        # the requests still live: what the step computed for one finished since is discarded
-        live = [(s, run) for s, run in zip([s for s in step.sched.scheduled if s.samples], out.runs,
-                                           strict=True) if not s.request.is_finished]
+        # speculation's bookkeeping takes the requests still live before this step is applied: what the
+        # step computed for one that finished since is discarded
+        live = None if self.spec is None else [
+            (s, run) for s, run in zip([s for s in step.sched.scheduled if s.samples], out.runs, strict=True)
+            if not s.request.is_finished]
         applied = self.output_processor.apply(step.sched, out, self.requests)
         for children in applied.forked:
             self.scheduler.add_forked(children)

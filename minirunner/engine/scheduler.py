@@ -139,8 +139,8 @@ class Scheduler:
             self.running.append(request)
             out.scheduled.append(ScheduledRequest(request, num_new))
             budget -= num_new
-        in_flight = any(r.num_output_placeholders for r in itertools.chain(self.running, self.waiting))
-        if not out.scheduled and not out.preempted and self.has_unfinished() and not in_flight:
+        if not out.scheduled and not out.preempted and self.has_unfinished() and not any(
+                r.num_output_placeholders for r in itertools.chain(self.running, self.waiting)):
             head = self.waiting[0]
             raise RuntimeError(
                 f"the scheduler cannot make progress: request {head.request_id} ({head.num_tokens} "

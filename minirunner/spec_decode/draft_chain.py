@@ -32,9 +32,10 @@ import torch
 from minirunner.engine.in_flight import InFlightStep
 from minirunner.engine.request import Request
 from minirunner.engine.scheduler import ScheduledRequest, SchedulerOutput
-from minirunner.spec_decode.async_utils import ChainState, device_ints, sync_check
+from minirunner.spec_decode.async_utils import ChainState, sync_check
 from minirunner.spec_decode.draft_model import draft_sampling_params, draw_drafts
 from minirunner.worker.async_output import LaunchedOutput
+from minirunner.worker.buffers import to_device
 from minirunner.worker.cudagraph import GraphKey, GraphKind
 from minirunner.worker.input_batch import graph_rows
 from minirunner.worker.logits_processing import needs_logits_processing
@@ -74,10 +75,10 @@ class DraftChain:
             self._begin_segment(batch)
         with torch.inference_mode(), sync_check(check_no_sync, self.device):
             if state is None:
-                start = device_ints(self.device, [r.num_computed_tokens for r in batch])
+                start = to_device(np.asarray([r.num_computed_tokens for r in batch], np.int64), self.device)
                 known = np.stack([r.token_buffer[r.num_computed_tokens - 1:r.num_computed_tokens + 1]
                                   for r in batch])
-                pair = device_ints(self.device, known)
+                pair = to_device(known.astype(np.int64), self.device)
                 step = self._launch(batch, k, bucket, start, pair[:, 0], pair[:, 1])
             else:  # the acceptance update of ``prev``, on the device
                 a = (state.runs >= 0).sum(dim=1, keepdim=True) - 1  # drafts accepted, per request

@@ -20,6 +20,20 @@ from minirunner.attention import AttentionMetadata
 from minirunner.kv.block_table import slot_of
 
 
+def pinned(arr: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array as a tensor a non-blocking copy to ``device`` may read: fresh pinned memory on CUDA
+    (torch's pinned allocator reuses a block only once the copies reading it are done, so a copy still
+    in flight never sees it change), the array itself on a CPU."""
+    t = torch.from_numpy(np.ascontiguousarray(arr))
+    return t.pin_memory() if device.type == "cuda" else t
+
+
+def to_device(arr: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on ``device``, copied without blocking the host (:func:`pinned`); on a CPU the array
+    itself, no copy."""
+    return pinned(arr, device).to(device, non_blocking=True)
+
+
 class StepBuffers:
     """input_ids, positions, slot_mapping: int64 [max tokens]; query_start_loc int32 [max seqs + 1];
     seq_lens int32 [max seqs]; block_tables int32 [max seqs, max blocks per seq]; logits_indices int64
@@ -71,8 +85,7 @@ class StepBuffers:
         index = tuple(slice(0, n) for n in arr.shape)
         view = buf[index]
         if own_host:
-            src = torch.from_numpy(np.ascontiguousarray(arr))
-            view.copy_(src.pin_memory() if buf.device.type == "cuda" else src, non_blocking=True)
+            view.copy_(pinned(arr, buf.device), non_blocking=True)
             return view
         host, host_np = self._host[buf.data_ptr()]
         host_np[index] = arr
@@ -184,9 +197,7 @@ class StepBuffers:
     def gather_input_ids(self, pairs: np.ndarray, tokens: torch.Tensor) -> None:
         """input_ids[row] = tokens[i] for each (row, i) of ``pairs`` (int64 [m, 2], host), on the device:
         tokens a step still in flight sampled, fed to the next step without reaching the host."""
-        idx = torch.from_numpy(np.ascontiguousarray(pairs.T))
-        if self.device.type == "cuda":  # fresh pinned memory: the copy must not wait for the device
-            idx = idx.pin_memory().to(self.device, non_blocking=True)
+        idx = to_device(pairs.T, self.device)
         self.input_ids.index_copy_(0, idx[0], tokens.index_select(0, idx[1]))
 
     def copy_input_ids(self, tokens: torch.Tensor) -> torch.Tensor:

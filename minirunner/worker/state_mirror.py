@@ -16,6 +16,7 @@ import torch
 
 from kernels._triton import HAS_TRITON
 from kernels.input_prep import prepare_inputs, prepare_inputs_ref
+from minirunner.worker.buffers import to_device
 from minirunner.worker.states import RequestStateRows
 
 _INT32_MAX = (1 << 31) - 1
@@ -57,9 +58,7 @@ class StateMirror:
         packed = np.empty(3 * n + 2 * m, dtype=np.int32)
         packed[:n], packed[n:2 * n], packed[2 * n:3 * n] = rows, query_lens, num_computed
         packed[3 * n:3 * n + m], packed[3 * n + m:] = cells, blocks
-        staged = torch.from_numpy(packed)
-        if self.device.type == "cuda":
-            staged = staged.pin_memory().to(self.device, non_blocking=True)
+        staged = to_device(packed, self.device)
         idx_mapping = staged[:n]
         self.num_computed[idx_mapping.long()] = staged[2 * n:3 * n]
         if m:
