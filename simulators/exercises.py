@@ -76,6 +76,14 @@ def parse_choice(answer: Any, choices) -> str | None:
     return choice if choice and choice in choices else None
 
 
+def parse_float(answer: Any) -> float | None:
+    """A number from anything ``float`` takes (an int, a float, a numeric string); None otherwise."""
+    try:
+        return float(answer)
+    except (TypeError, ValueError):
+        return None
+
+
 def parse_int(answer: Any) -> int | None:
     """An int from an int or a decimal/hex string ("0x1f"); None when it is neither."""
     if isinstance(answer, bool):

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from simulators.buckets import capture_sizes, padded_batch_size
-from simulators.exercises import Exercise, ImplementIt, Verdict, parse_choice
+from simulators.exercises import Exercise, ImplementIt, Verdict, parse_choice, parse_float
 from simulators.launch import StepResult, simulate
 
 
@@ -53,13 +53,6 @@ def random_problem(seed: int, num_kernels: int | None = None,
     return LaunchProblem(args, kernels, launch, other, batch, ladder)
 
 
-def _number(answer) -> float | None:
-    try:
-        return float(answer)
-    except (TypeError, ValueError):
-        return None
-
-
 def make_step_exercise(seed: int) -> Exercise:
     """Compute: the eager step time of a random step, in µs (answer a number)."""
     p = random_problem(seed)
@@ -71,7 +64,7 @@ def make_step_exercise(seed: int) -> Exercise:
     total_k = sum(p.kernel_us)
 
     def diagnose(answer) -> Verdict:
-        value = _number(answer)
+        value = parse_float(answer)
         if value is None:
             return Verdict(False, "answer with a number of microseconds")
         if abs(value - eager.step_us) < 0.5:
@@ -100,7 +93,7 @@ def make_graph_exercise(seed: int) -> Exercise:
                 "many µs shorter is the step?")
 
     def diagnose(answer) -> Verdict:
-        value = _number(answer)
+        value = parse_float(answer)
         if value is None:
             return Verdict(False, "answer with a number of microseconds")
         if abs(value - saving) < 0.5:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from simulators.exercises import Exercise, ImplementIt, Verdict, parse_choice
+from simulators.exercises import Exercise, ImplementIt, Verdict, parse_choice, parse_float
 
 __all__ = ["acceptance_probability", "residual", "emitted_distribution", "rejection_sample_chain",
            "acceptance_by_position", "chi2_sf", "chi_square", "make_acceptance_exercise",
@@ -190,9 +190,8 @@ def make_acceptance_exercise(seed: int) -> Exercise:
                 "the draft token is accepted? (a number in [0, 1])")
 
     def diagnose(answer) -> Verdict:
-        try:
-            value = float(answer)
-        except (TypeError, ValueError):
+        value = parse_float(answer)
+        if value is None:
             return Verdict(False, "answer with a number in [0, 1].")
         if abs(value - beta) < 0.005:
             return Verdict(True, f"sum over x of q(x) * min(1, p(x)/q(x)) = sum of min(p, q) = {beta}.")
@@ -224,9 +223,8 @@ def make_histogram_exercise(seed: int) -> Exercise:
                 f"About how many of the {n} emitted tokens are {_TOKENS[y]}? (an expected count)")
 
     def diagnose(answer) -> Verdict:
-        try:
-            value = float(answer)
-        except (TypeError, ValueError):
+        value = parse_float(answer)
+        if value is None:
             return Verdict(False, "answer with a number (an expected count).")
         if abs(value - solution) <= 0.005 * n:
             return Verdict(True, f"n * p({_TOKENS[y]}) = {solution}: min(p, q) comes from accepted drafts, "

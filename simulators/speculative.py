@@ -14,7 +14,7 @@ import argparse
 import random
 from dataclasses import dataclass
 
-from simulators.exercises import Exercise, Verdict
+from simulators.exercises import Exercise, Verdict, parse_float
 
 
 @dataclass(frozen=True)
@@ -95,9 +95,8 @@ def make_exercise(seed: int) -> Exercise:
                 f"step proposes k = {k} drafts.\nHow many tokens does one target pass emit on average?")
 
     def diagnose(answer) -> Verdict:
-        try:
-            value = float(answer)
-        except (TypeError, ValueError):
+        value = parse_float(answer)
+        if value is None:
             return Verdict(False, "answer with a number.")
         if abs(value - solution) < 0.01:
             return Verdict(True, f"(1 - {alpha}^{k + 1}) / (1 - {alpha}) = {solution}: the j-th "
