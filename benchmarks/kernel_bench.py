@@ -1,8 +1,9 @@
 """Kernel micro-benchmark: each Triton kernel against its torch twin, and decode attention's effective
 bandwidth against the device's measured copy bandwidth. Writes one JSON report.
 
-Owns measurement only (the kernels live in ``kernels/``). On a GPU: ``python benchmarks/kernel_bench.py
---out report.json``. ``--dry-run`` runs tiny shapes on CPU (Triton interpreter) to check the script.
+Owns measurement only (the kernels live in ``minirunner/kernels/``). On a GPU:
+``python benchmarks/kernel_bench.py --out report.json``. ``--dry-run`` runs tiny shapes on CPU
+(Triton interpreter) to check the script.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.input_prep import prepare_inputs, prepare_inputs_ref  # noqa: E402
-from kernels.paged_attention import (  # noqa: E402
+from minirunner.kernels.input_prep import prepare_inputs, prepare_inputs_ref  # noqa: E402
+from minirunner.kernels.paged_attention import (  # noqa: E402
     paged_decode,
     paged_decode_ref,
     paged_prefill,
@@ -33,8 +34,8 @@ from kernels.paged_attention import (  # noqa: E402
     store_kv,
     store_kv_ref,
 )
-from kernels.sampling import sample, sample_ref  # noqa: E402
-from kernels.testing import random_paged_batch  # noqa: E402
+from minirunner.kernels.sampling import sample, sample_ref  # noqa: E402
+from minirunner.kernels.testing import random_paged_batch  # noqa: E402
 
 
 def time_ms(fn, device: torch.device, reps: int) -> float:

@@ -177,7 +177,8 @@ def make_meaning_exercise(seed: int) -> Exercise:
 def make_slot_mapping_task(reference: Callable, seed: int = 0, num_cases: int = 8) -> ImplementIt:
     """Implement-it: the idx_mapping gather behind the slot mapping. ``reference(block_tables, idx_mapping,
     num_computed, query_lens, block_size)`` returns the slot of every scheduled token (a list of ints);
-    the notebook passes the runner's twin (kernels.input_prep.prepare_inputs_ref) wrapped to that shape."""
+    the notebook passes the runner's twin (minirunner.kernels.input_prep.prepare_inputs_ref)
+    wrapped to that shape."""
     rng = np.random.default_rng(seed)
     cases = []
     for i in range(num_cases):

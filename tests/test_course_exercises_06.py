@@ -1,6 +1,6 @@
 """Notebook 06's exercises and implement-it task: each checker accepts the right answer, rejects known
 wrong ones with a reason, and says "not answered yet" to an untouched cell; the rejection-rule helpers
-agree with the runner's twin (kernels/rejection_sampling.py) and with closed forms."""
+agree with the runner's twin (minirunner/kernels/rejection_sampling.py) and with closed forms."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.rejection_sampling import accept_uniform, rejection_sample_ref
-from kernels.sampling import uniform_noise
+from minirunner.kernels.rejection_sampling import accept_uniform, rejection_sample_ref
+from minirunner.kernels.sampling import uniform_noise
 from simulators.exercises import NotImplementedYet
 from simulators.rejection import (
     acceptance_by_position,

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kernels.input_prep import prepare_inputs_ref
+from minirunner.kernels.input_prep import prepare_inputs_ref
 from minirunner.kv.block_table import BlockTable
 from minirunner.worker.states import RequestStateRows
 from simulators.exercises import NotImplementedYet

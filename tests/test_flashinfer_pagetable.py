@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.testing import random_paged_batch
 from minirunner.attention.flashinfer_pagetable import block_tables_to_csr
+from minirunner.kernels.testing import random_paged_batch
 
 
 def _kv_from_csr(kv_cache, indptr, indices, last_page_len, i):

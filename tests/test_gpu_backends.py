@@ -11,8 +11,8 @@ import torch
 from attention_meta import make_meta
 from tiny_models import make_tiny_model
 
-from kernels.testing import random_paged_batch
 from minirunner.attention import get_backend_class
+from minirunner.kernels.testing import random_paged_batch
 
 pytestmark = [
     pytest.mark.gpu,

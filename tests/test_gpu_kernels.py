@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.input_prep import prepare_inputs, prepare_inputs_ref
-from kernels.paged_attention import (
+from minirunner.kernels.input_prep import prepare_inputs, prepare_inputs_ref
+from minirunner.kernels.paged_attention import (
     paged_decode,
     paged_decode_ref,
     paged_prefill,
@@ -15,8 +15,8 @@ from kernels.paged_attention import (
     store_kv,
     store_kv_ref,
 )
-from kernels.sampling import sample, sample_ref
-from kernels.testing import random_paged_batch
+from minirunner.kernels.sampling import sample, sample_ref
+from minirunner.kernels.testing import random_paged_batch
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,5 +1,6 @@
 """The two input paths fill identical buffers: the host path (numpy) and the GPU-native path (the state
-rows' device mirrors, kept up to date by staged writes, read by kernels/input_prep.py: its Triton kernel
+rows' device mirrors, kept up to date by staged writes, read by
+minirunner/kernels/input_prep.py: its Triton kernel
 under TRITON_INTERPRET=1, and its torch twin), over random scheduler outputs driven through real
 Requests, ScheduledRequests and a KVCacheManager: new requests, chunked prefills, decodes, speculative
 drafts with rollback, graph buckets with padding rows, preempted-and-readmitted requests (tables

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.paged_attention import (
+from minirunner.kernels.paged_attention import (
     paged_decode,
     paged_decode_ref,
     paged_prefill,
@@ -17,7 +17,7 @@ from kernels.paged_attention import (
     store_kv,
     store_kv_ref,
 )
-from kernels.testing import random_paged_batch
+from minirunner.kernels.testing import random_paged_batch
 
 # The Triton kernels run on CPU tensors only in the interpreter, which tests/conftest.py turns on when
 # CUDA is absent; on a CUDA machine the gpu-marked tests cover the compiled kernels instead.

@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent('''
         from triton.compiler import ASTSource
     except ImportError as e:
         print("SKIP", e); sys.exit(0)
-    from kernels import input_prep, paged_attention, sampling
+    from minirunner.kernels import input_prep, paged_attention, sampling, store_kv
 
     def compile_(fn, ptrs, consts, scalars=()):
         sig = {}
@@ -51,7 +51,7 @@ SCRIPT = textwrap.dedent('''
         compile_(paged_attention._merge_splits_kernel,
                  dict(out_ptr=dt, part_acc_ptr="fp32", part_m_ptr="fp32", part_l_ptr="fp32"),
                  dict(NUM_Q_HEADS=32, NUM_SPLITS=3, SPLITS_PAD=4, HEAD_DIM=128, HEAD_DIM_PAD=128))
-        compile_(paged_attention._store_kv_kernel,
+        compile_(store_kv._store_kv_kernel,
                  dict(k_ptr=dt, v_ptr=dt, kv_ptr=dt, slot_mapping_ptr="i64"),
                  dict(NUM_KV_HEADS=8, HEADS_PAD=8, HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_SIZE=16))
         for prescaled in (False, True):

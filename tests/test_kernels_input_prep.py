@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from kernels.input_prep import prepare_inputs, prepare_inputs_ref
+from minirunner.kernels.input_prep import prepare_inputs, prepare_inputs_ref
 
 # The Triton kernels run on CPU tensors only in the interpreter, which tests/conftest.py turns on when
 # CUDA is absent; on a CUDA machine the gpu-marked tests cover the compiled kernels instead.

@@ -10,9 +10,9 @@ import os
 import pytest
 import torch
 
-import kernels.rejection_sampling as rs
-from kernels.rejection_sampling import probs_from_logits, rejection_sample, rejection_sample_ref
-from kernels.sampling import sample_ref
+import minirunner.kernels.rejection_sampling_ref as rs
+from minirunner.kernels.rejection_sampling import probs_from_logits, rejection_sample, rejection_sample_ref
+from minirunner.kernels.sampling import sample_ref
 
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                        reason="Triton on CPU tensors needs TRITON_INTERPRET=1")

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from kernels.sampling import apply_top_k_top_p, sample, sample_ref
+from minirunner.kernels.sampling import apply_top_k_top_p, sample, sample_ref
 
 # The Triton kernels run on CPU tensors only in the interpreter, which tests/conftest.py turns on when
 # CUDA is absent; on a CUDA machine the gpu-marked tests cover the compiled kernels instead.

@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_kernels_rejection import _batch
 
-from kernels.rejection_sampling import rejection_sample, rejection_sample_ref
+from minirunner.kernels.rejection_sampling import rejection_sample, rejection_sample_ref
 from minirunner.spec_decode.rejection_sampler import RejectionSampler, emitted_runs
 
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",

@@ -7,10 +7,10 @@ import pytest
 import torch
 from attention_meta import make_meta
 
-from kernels.paged_attention import paged_decode_ref, paged_prefill_ref, store_kv_ref
-from kernels.testing import random_paged_batch
 from minirunner.attention.torch_backend import TorchAttentionBackend
 from minirunner.attention.torch_ops import store_kv_padded
+from minirunner.kernels.paged_attention import paged_decode_ref, paged_prefill_ref, store_kv_ref
+from minirunner.kernels.testing import random_paged_batch
 
 
 def _with_null_block(kv_cache: torch.Tensor) -> torch.Tensor:

@@ -10,8 +10,8 @@ import torch
 from attention_meta import make_meta
 from tiny_models import make_tiny_model
 
-from kernels.testing import random_paged_batch
 from minirunner.attention import get_backend_class
+from minirunner.kernels.testing import random_paged_batch
 
 # The Triton kernels run on CPU tensors only in the interpreter, which tests/conftest.py turns on when
 # CUDA is absent; on a CUDA machine the gpu-marked tests cover the compiled kernels instead.

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from kernels.paged_attention import store_kv
 from minirunner.attention.base import AttentionBackend
 from minirunner.attention.flashinfer_pagetable import block_tables_to_csr
 from minirunner.attention.metadata import AttentionMetadata
+from minirunner.kernels.paged_attention import store_kv
 
 _WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace per wrapper
 

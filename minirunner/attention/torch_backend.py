@@ -6,7 +6,8 @@ masks once; per layer, ``forward`` writes K/V by slot (one ``index_copy_``), gat
 blocks through its block table (one index per K and V, with rows computed once per step from the table),
 and runs one batched ``scaled_dot_product_attention``. GQA folds the
 query heads of a group into the query-length axis, so repeated KV is never materialised. The readable
-per-sequence loops stay in ``kernels.paged_attention`` (the ``*_ref`` twins the tests compare against).
+per-sequence loops stay in ``minirunner.kernels.paged_attention`` (the ``*_ref`` twins the tests
+compare against).
 
 Padding rows (slot -1) are written to the cache's last block: the runner allocates one extra block that
 the pool never hands out, and slot -1 lands there by floor division (block -1, offset block_size - 1).

@@ -1,4 +1,5 @@
-"""The Triton attention backend: ``kernels.paged_attention``'s kernels behind the backend interface.
+"""The Triton attention backend: the kernels of ``minirunner.kernels.paged_attention`` behind the
+backend interface.
 
 Owns only the dispatch: store_kv first, then paged_decode for decode-only batches (one query token
 per sequence) and paged_prefill for everything else. Runs compiled on CUDA and in the Triton
@@ -14,15 +15,15 @@ import os
 
 import torch
 
-from kernels.paged_attention import (
-    _default_num_splits,
+from minirunner.attention.base import AttentionBackend
+from minirunner.attention.metadata import AttentionMetadata
+from minirunner.kernels.paged_attention import (
     decode_workspace,
+    default_num_splits,
     paged_decode,
     paged_prefill,
     store_kv,
 )
-from minirunner.attention.base import AttentionBackend
-from minirunner.attention.metadata import AttentionMetadata
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -51,7 +52,7 @@ class TritonAttentionBackend(AttentionBackend):
             return
         if size not in self._workspaces:
             width = meta.block_tables.shape[1] * self.block_size
-            splits = _default_num_splits(size * self.num_kv_heads, width, torch.device(self.device))
+            splits = default_num_splits(size * self.num_kv_heads, width, torch.device(self.device))
             q = torch.empty(size, self.num_q_heads, self.head_dim, dtype=self.dtype, device=self.device)
             self._workspaces[size] = (splits, decode_workspace(q, splits))
         self._graph_step = self._workspaces[size]

@@ -19,14 +19,14 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from kernels._triton import HAS_TRITON
-from kernels.rejection_sampling import one_hot_probs, probs_from_logits
-from kernels.sampling import sample, sample_ref
 from minirunner.attention import make_backend
 from minirunner.config import EngineConfig, ModelConfig
 from minirunner.engine.request import Request
 from minirunner.engine.scheduler import ScheduledRequest
 from minirunner.engine.sequence import RunnableSequence
+from minirunner.kernels._triton import HAS_TRITON
+from minirunner.kernels.rejection_sampling import one_hot_probs, probs_from_logits
+from minirunner.kernels.sampling import sample, sample_ref
 from minirunner.kv.manager import KVCacheManager
 from minirunner.model.loader import load_model
 from minirunner.sampling_params import SamplingParams

@@ -1,7 +1,8 @@
 """The rejection sampler of speculative decoding (vLLM's ``RejectionSampler``): which drafts the target
 accepts, and the token it emits after them.
 
-Owns the one call into kernels/rejection_sampling.py — the Triton kernel or its torch twin, chosen once at
+Owns the one call into minirunner/kernels/rejection_sampling.py —
+the Triton kernel or its torch twin, chosen once at
 construction, or the greedy rule alone (one argmax) for a batch that does not sample — made by the eager
 verify step (worker/sampler.py) and the graph verify step (worker/cudagraph.py) alike. Takes the target's
 logits, the drafts and their q (None: one-hot, n-gram drafts) and each request's sampling parameters,
@@ -13,8 +14,12 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import HAS_TRITON
-from kernels.rejection_sampling import greedy_rejection_sample, rejection_sample, rejection_sample_ref
+from minirunner.kernels._triton import HAS_TRITON
+from minirunner.kernels.rejection_sampling import (
+    greedy_rejection_sample,
+    rejection_sample,
+    rejection_sample_ref,
+)
 
 
 class RejectionSampler:

@@ -14,9 +14,9 @@ import time
 
 import torch
 
-from kernels.rejection_sampling import one_hot_probs
 from minirunner.engine.request import Request
 from minirunner.engine.scheduler import ScheduledRequest
+from minirunner.kernels.rejection_sampling import one_hot_probs
 from minirunner.spec_decode.config import SpeculativeConfig
 from minirunner.spec_decode.draft_model import DraftModelProposer
 from minirunner.spec_decode.dynamic import AcceptanceDrivenK

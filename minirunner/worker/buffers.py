@@ -5,7 +5,8 @@ so it is never reallocated), every write into them — host arrays staged throug
 without blocking, device tensors copied on the device (a step scheduled ahead), padding rows included —
 and the attention-metadata views a graph step reads. Every row of a graph step's bucket is written each
 step (padding rows: token 0, position 0, slot -1, seq_len 0, block-table row 0, greedy), so no step reads
-a stale tail. On the GPU-native input path it runs the input-prep kernel (kernels/input_prep.py) that fills
+a stale tail. On the GPU-native input path it runs the input-prep kernel
+(minirunner/kernels/input_prep.py) that fills
 positions, slots, seq_lens, query_start_loc and block tables from the state rows' device mirrors
 (worker/state_mirror.py), and writes only the host mirrors the host plans from. It never decides what goes
 in (input preparation, worker/input_batch.py, does) and never runs the model.

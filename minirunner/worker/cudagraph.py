@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels._triton import HAS_TRITON
-from kernels.sampling import sample, sample_ref
+from minirunner.kernels._triton import HAS_TRITON
+from minirunner.kernels.sampling import sample, sample_ref
 from minirunner.spec_decode.rejection_sampler import RejectionSampler
 
 

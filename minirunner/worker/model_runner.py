@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import HAS_TRITON
 from minirunner.attention.base import AttentionBackend
 from minirunner.engine.scheduler import ScheduledRequest, SchedulerOutput
+from minirunner.kernels._triton import HAS_TRITON
 from minirunner.kv.block_table import cdiv
 from minirunner.kv.manager import KVCacheManager
 from minirunner.logprobs import score_prompts

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels._triton import HAS_TRITON
-from kernels.sampling import sample, sample_ref
 from minirunner.engine.request import Request
+from minirunner.kernels._triton import HAS_TRITON
+from minirunner.kernels.sampling import sample, sample_ref
 from minirunner.logprobs import TokenLogprobs, score_tokens
 from minirunner.spec_decode.rejection_sampler import RejectionSampler
 from minirunner.worker.cudagraph import GraphKind

@@ -4,7 +4,7 @@ Owns the device copies of every state row's block-table row and num_computed_tok
 up to date each step with staged writes of only what changed: the block-table cells the state rows
 (worker/states.py) recorded since the last step, and the scheduled rows' token counts, packed with the
 step's idx_mapping and query_lens into one host array, copied without blocking and scattered on the
-device. Also which input-prep kernel reads them (kernels/input_prep.py: Triton, or its torch twin),
+device. Also which input-prep kernel reads them (minirunner/kernels/input_prep.py: Triton, or its torch twin),
 chosen once. It never decides what a row holds (states.py does) and never writes a step buffer
 (buffers.py runs the kernel over these mirrors).
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels._triton import HAS_TRITON
-from kernels.input_prep import prepare_inputs, prepare_inputs_ref
+from minirunner.kernels._triton import HAS_TRITON
+from minirunner.kernels.input_prep import prepare_inputs, prepare_inputs_ref
 from minirunner.worker.buffers import to_device
 from minirunner.worker.states import RequestStateRows
 

@@ -1,109 +1,23 @@
-"""Paged attention over a block-table KV cache: decode, prefill/extend, and the KV write.
+"""Paged attention over a block-table KV cache: the Triton kernels for decode and prefill/extend, with
+the signatures of their torch twins in ``paged_attention_ref`` (re-exported here, as is the KV write of
+``store_kv``, so one import gives a kernel and its twin).
 
-Owns the math of attention over ``kv_cache: [num_blocks, 2, block_size, num_kv_heads, head_dim]``
-(K at ``[:, 0]``, V at ``[:, 1]``): torch twins (``*_ref``, the readable reference) first, then the
-Triton kernels with the same signatures. It never allocates KV blocks or decides which slots a
+Owns the attention over ``kv_cache: [num_blocks, 2, block_size, num_kv_heads, head_dim]``
+(K at ``[:, 0]``, V at ``[:, 1]``). It never allocates KV blocks or decides which slots a
 request owns (that is the runner's job).
 """
 
 from __future__ import annotations
 
-import functools
-import math
-
 import torch
 
-from kernels._triton import tl, triton
+from minirunner.kernels._triton import next_pow2, tl, triton, upcast_for_interpreter
+from minirunner.kernels.paged_attention_ref import paged_decode_ref, paged_prefill_ref
+from minirunner.kernels.split_kv import decode_workspace, default_num_splits
+from minirunner.kernels.store_kv import store_kv, store_kv_ref
 
-
-def _gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int):
-    """K and V of one sequence, gathered through its block table: two ``[seq_len, H_kv, D]``."""
-    block_size = kv_cache.shape[2]
-    num_blocks = (seq_len + block_size - 1) // block_size
-    blocks = block_table[:num_blocks].long()
-    k = kv_cache[blocks, 0].reshape(-1, *kv_cache.shape[3:])[:seq_len]
-    v = kv_cache[blocks, 1].reshape(-1, *kv_cache.shape[3:])[:seq_len]
-    return k, v
-
-
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int, scale: float):
-    """Causal attention of ``q: [n, H_q, D]`` (positions context_len..context_len+n-1) over
-    ``k, v: [context_len + n, H_kv, D]``; GQA by repeating KV heads. Computed in fp32."""
-    group = q.shape[1] // k.shape[1]
-    k = k.float().repeat_interleave(group, dim=1)
-    v = v.float().repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
-    n, total = q.shape[0], k.shape[0]
-    q_pos = torch.arange(n, device=q.device)[:, None] + context_len
-    k_pos = torch.arange(total, device=q.device)[None, :]
-    scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
-
-
-def paged_decode_ref(
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """Decode attention: one query token per sequence over its paged KV.
-
-    q: [num_seqs, num_q_heads, head_dim]; kv_cache: [num_blocks, 2, block_size, num_kv_heads,
-    head_dim]; block_tables: int32 [num_seqs, max_blocks_per_seq]; seq_lens: int32 [num_seqs], the
-    length including the current token (0 marks a padding row, whose output is zeros).
-    Returns [num_seqs, num_q_heads, head_dim].
-    """
-    out = torch.zeros_like(q)
-    for i, seq_len in enumerate(seq_lens.tolist()):
-        if seq_len == 0:
-            continue
-        k, v = _gather_kv(kv_cache, block_tables[i], seq_len)
-        out[i] = _attend(q[i : i + 1], k, v, seq_len - 1, scale)[0]
-    return out
-
-
-def paged_prefill_ref(
-    q: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """Prefill/extend attention: ragged queries per sequence, causal over cached prefix + new tokens.
-
-    q: [num_tokens, num_q_heads, head_dim], the queries of sequence i are rows
-    ``query_start_loc[i]:query_start_loc[i+1]`` (int32 [num_seqs + 1]) and sit at the last positions of its
-    ``seq_lens[i]`` tokens (int32 [num_seqs]); their K/V must already be in ``kv_cache``. Rows of padding
-    sequences (query length 0) are skipped. Returns [num_tokens, num_q_heads, head_dim].
-    """
-    out = torch.zeros_like(q)
-    starts = query_start_loc.tolist()
-    for i, seq_len in enumerate(seq_lens.tolist()):
-        lo, hi = starts[i], starts[i + 1]
-        if hi == lo or seq_len == 0:
-            continue
-        k, v = _gather_kv(kv_cache, block_tables[i], seq_len)
-        out[lo:hi] = _attend(q[lo:hi], k, v, seq_len - (hi - lo), scale)
-    return out
-
-
-def store_kv_ref(
-    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """Write new K/V into the paged cache in place; slot -1 means "do not write" (padding).
-
-    k, v: [num_tokens, num_kv_heads, head_dim]; kv_cache: [num_blocks, 2, block_size, num_kv_heads,
-    head_dim]; slot_mapping: int64 [num_tokens], slot = block * block_size + offset.
-    """
-    block_size = kv_cache.shape[2]
-    valid = slot_mapping >= 0
-    slots = slot_mapping[valid].long()
-    blocks, offsets = slots // block_size, slots % block_size
-    kv_cache[blocks, 0, offsets] = k[valid].to(kv_cache.dtype)
-    kv_cache[blocks, 1, offsets] = v[valid].to(kv_cache.dtype)
+__all__ = ["decode_workspace", "default_num_splits", "paged_decode", "paged_decode_ref", "paged_prefill",
+           "paged_prefill_ref", "store_kv", "store_kv_ref"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -121,15 +35,6 @@ def store_kv_ref(
 # ---------------------------------------------------------------------------------------------------
 
 _LOG2E = 1.4426950408889634
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
-def _upcast_for_interpreter(t: torch.Tensor) -> bool:
-    # The interpreter computes bf16 tl.dot wrongly (triton#11584): do the dots in fp32 on CPU.
-    return t.device.type == "cpu"
 
 
 @triton.jit
@@ -284,36 +189,6 @@ def _check_attention_inputs(q, kv_cache, block_tables):
     return q, block_tables
 
 
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _default_num_splits(num_programs: int, max_kv_len: int, device: torch.device) -> int:
-    """Split decode over a sequence's tiles only when (sequence, KV head) pairs cannot fill the GPU."""
-    if device.type != "cuda":
-        return 1
-    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
-    if num_programs >= sms:
-        return 1
-    by_occupancy = _next_pow2(math.ceil(2 * sms / max(1, num_programs)))
-    by_length = _next_pow2(max(1, max_kv_len // 512))
-    return max(1, min(by_occupancy, by_length, 16))
-
-
-def decode_workspace(q: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, ...]:
-    """The buffers :func:`paged_decode` writes for q [num_seqs, num_q_heads, head_dim]: (out like q,
-    fp32 split-KV partials part_acc [num_seqs, num_q_heads, num_splits, head_dim], part_m and part_l
-    [num_seqs, num_q_heads, num_splits]); with one split the partials are unused aliases of out."""
-    out = torch.empty_like(q)
-    if num_splits == 1:
-        return out, out, out, out
-    s, hq, d = q.shape
-    part_acc = torch.empty(s, hq, num_splits, d, device=q.device, dtype=torch.float32)
-    part_m = torch.empty(s, hq, num_splits, device=q.device, dtype=torch.float32)
-    return out, part_acc, part_m, torch.empty_like(part_m)
-
-
 def paged_decode(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -340,9 +215,9 @@ def paged_decode(
     num_seqs, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
     group = num_q_heads // num_kv_heads
-    group_pad = _next_pow2(group)
+    group_pad = next_pow2(group)
     if num_splits is None:
-        num_splits = _default_num_splits(num_seqs * num_kv_heads,
+        num_splits = default_num_splits(num_seqs * num_kv_heads,
                                          block_tables.shape[1] * block_size, q.device)
     if tile is None:
         tile = 64 if q.device.type == "cuda" else 32
@@ -351,7 +226,7 @@ def paged_decode(
     out, part_acc, part_m, part_l = workspace
     if num_seqs == 0:
         return out
-    head_dim_pad = max(16, _next_pow2(head_dim))
+    head_dim_pad = max(16, next_pow2(head_dim))
     _paged_attention_kernel[(num_seqs, num_kv_heads, num_splits)](
         out, q, kv_cache, block_tables, seq_lens, seq_lens,
         part_acc, part_m, part_l,
@@ -361,12 +236,12 @@ def paged_decode(
         block_tables.stride(0),
         NUM_Q_HEADS=num_q_heads, GROUP=group, GROUP_PAD=group_pad, BLOCK_M=max(16, group_pad),
         TILE=tile, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_SIZE=block_size,
-        DECODE=True, NUM_SPLITS=num_splits, UPCAST=_upcast_for_interpreter(q),
+        DECODE=True, NUM_SPLITS=num_splits, UPCAST=upcast_for_interpreter(q),
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_seqs, num_q_heads)](
             out, part_acc, part_m, part_l, out.stride(0), out.stride(1),
-            NUM_Q_HEADS=num_q_heads, NUM_SPLITS=num_splits, SPLITS_PAD=_next_pow2(num_splits),
+            NUM_Q_HEADS=num_q_heads, NUM_SPLITS=num_splits, SPLITS_PAD=next_pow2(num_splits),
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
         )
     return out
@@ -396,7 +271,7 @@ def paged_prefill(
     num_seqs = seq_lens.shape[0]
     num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
     group = num_q_heads // num_kv_heads
-    group_pad = _next_pow2(group)
+    group_pad = next_pow2(group)
     block_m = max(block_m, 16, group_pad)
     block_q = block_m // group_pad
     out = torch.zeros_like(q)
@@ -412,57 +287,7 @@ def paged_prefill(
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         block_tables.stride(0),
         NUM_Q_HEADS=num_q_heads, GROUP=group, GROUP_PAD=group_pad, BLOCK_M=block_m,
-        TILE=tile, HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, _next_pow2(head_dim)),
-        BLOCK_SIZE=block_size, DECODE=False, NUM_SPLITS=1, UPCAST=_upcast_for_interpreter(q),
+        TILE=tile, HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
+        BLOCK_SIZE=block_size, DECODE=False, NUM_SPLITS=1, UPCAST=upcast_for_interpreter(q),
     )
     return out
-
-
-@triton.jit
-def _store_kv_kernel(
-    k_ptr, v_ptr, kv_ptr, slot_mapping_ptr,
-    stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_cb, stride_ckv, stride_ct, stride_ch,
-    NUM_KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-):
-    token = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-    if slot < 0:
-        return
-    block = slot // BLOCK_SIZE
-    offset = slot % BLOCK_SIZE
-    offs_h = tl.arange(0, HEADS_PAD)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_DIM)
-    k = tl.load(k_ptr + token * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
-    v = tl.load(v_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
-    dst = kv_ptr + block * stride_cb + offset * stride_ct + offs_h[:, None] * stride_ch + offs_d[None, :]
-    tl.store(dst, k.to(kv_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + stride_ckv, v.to(kv_ptr.dtype.element_ty), mask=mask)
-
-
-def store_kv(
-    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """Triton twin of :func:`store_kv_ref`: write K/V into the paged cache in place, skipping slot -1.
-
-    k, v: [num_tokens, num_kv_heads, head_dim]; kv_cache: [num_blocks, 2, block_size, num_kv_heads,
-    head_dim]; slot_mapping: int64 (or int32) [num_tokens]. One program per token.
-    """
-    if k.stride(-1) != 1:
-        k = k.contiguous()
-    if v.stride(-1) != 1:
-        v = v.contiguous()
-    if kv_cache.stride(-1) != 1:
-        raise ValueError("kv_cache must be contiguous in its last (head_dim) dimension")
-    num_tokens, num_kv_heads, head_dim = k.shape
-    if num_tokens == 0:
-        return
-    _store_kv_kernel[(num_tokens,)](
-        k, v, kv_cache, slot_mapping,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
-        NUM_KV_HEADS=num_kv_heads, HEADS_PAD=_next_pow2(num_kv_heads),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=_next_pow2(head_dim), BLOCK_SIZE=kv_cache.shape[2],
-    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import tl, triton
+from minirunner.kernels._triton import tl, triton
 
 _MASK32 = 0xFFFFFFFF
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import tl, triton
+from minirunner.kernels._triton import tl, triton
 
 
 def _check(idx_mapping, query_lens, positions, slot_mapping, seq_lens, query_start_loc,

@@ -36,4 +36,17 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
 
     triton = tl = _MissingTriton()
 
-__all__ = ["HAS_TRITON", "tl", "triton"]
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1): Triton's block sizes must be powers of two."""
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def upcast_for_interpreter(t) -> bool:
+    """Whether a kernel must do its dots in fp32: the interpreter (CPU tensors) computes bf16 ``tl.dot``
+    wrongly (triton#11584)."""
+    return t.device.type == "cpu"
+
+
+__all__ = ["HAS_TRITON", "next_pow2", "tl", "triton", "upcast_for_interpreter"]
