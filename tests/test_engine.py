@@ -3,6 +3,7 @@ and the CLI."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -164,15 +165,19 @@ def test_step_trace_and_metrics(model_dir):
         assert 0 <= m.time_to_first_token <= m.e2e_latency and m.decode_time >= 0
 
 
-def test_cli_generate(model_dir):
+def test_cli_generate(model_dir, llm):
+    """The CLI prints the prompt followed by what ``LLM.generate`` gives for the same seed (a seeded
+    run: an unseeded one may begin with a newline, so its first line alone says nothing)."""
     proc = subprocess.run(
         [sys.executable, "-m", "minirunner", "generate", "--model", str(model_dir),
-         "--max-tokens", "6", "--device", "cpu", "the quick"],
+         "--max-tokens", "6", "--device", "cpu", "--seed", "1234", "the quick"],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
-    assert lines[0].startswith("the quick") and len(lines[0]) > len("the quick")
-    assert "tok/s" in lines[-1]
+    defaults = llm.get_default_sampling_params()
+    params = dataclasses.replace(defaults, max_tokens=6, seed=1234)
+    text = llm.generate(["the quick"], params, use_tqdm=False)[0].outputs[0].text
+    assert text.strip() and proc.stdout.startswith(f"the quick{text}\n")
+    assert "tok/s" in proc.stdout.strip().splitlines()[-1]
 
 
 def test_stream_stopped_early_leaves_the_engine_clean(model_dir):
