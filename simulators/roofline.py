@@ -12,10 +12,10 @@ import math
 import random
 from dataclasses import dataclass
 
-from simulators.exercises import Exercise, ImplementIt, Verdict, parse_float
+from simulators.exercises import Exercise, ImplementIt, Verdict, parse_choice, parse_float
 
 __all__ = ["DecodeModel", "step_bytes", "step_flops", "floors_us", "saturation_batch", "attention_intensity",
-           "make_floor_exercise", "make_floor_task"]
+           "make_floor_exercise", "make_floor_task", "make_saturation_exercise"]
 
 
 @dataclass(frozen=True)
@@ -149,3 +149,50 @@ def make_floor_task(seed: int = 0, num_cases: int = 16) -> ImplementIt:
     return ImplementIt("decode_floor", _floor_reference, cases, same=same,
                        hint="bytes = weights + batch x context x KV bytes per token; the floor is the larger "
                             "of bytes / bandwidth and FLOPs / peak, in µs; say which one it is.")
+
+
+def make_saturation_exercise(seed: int) -> Exercise:
+    """Predict: from which batch does this model's decode turn compute-bound on an H200 at this context?
+    Four options, each what one reading of the roofline gives: weights only, K or V counted once, the
+    KV term in full, and "from batch 1"."""
+    rng = random.Random(seed)
+    bw, peak = 4.8e12, 989e12
+    while True:
+        params, layers, heads, kv_heads = rng.choice(((0.6e9, 28, 16, 8), (8e9, 32, 32, 8),
+                                                      (70e9, 80, 64, 8), (14e9, 40, 40, 8)))
+        context = rng.choice((64, 256, 1024, 4096))
+        m = DecodeModel(f"{params / 1e9:g}B", params, 2, layers, heads, 128, 2 * layers * kv_heads * 128 * 2)
+        half = DecodeModel(m.name, params, 2, layers, heads, 128, m.kv_bytes_per_token // 2)
+        values = {"weights only": saturation_batch(m, context, bw, peak, kv=False),
+                  "K or V once": saturation_batch(half, context, bw, peak),
+                  "KV in full": saturation_batch(m, context, bw, peak), "batch 1": 1.0}
+        shown = {k: "never" if math.isinf(v) else f"about {round(v)}" for k, v in values.items()}
+        if len(set(shown.values())) == 4:
+            break
+    keys = list(shown)
+    rng.shuffle(keys)
+    options = dict(zip("abcd", keys, strict=True))
+    solution = next(c for c, k in options.items() if k == "KV in full")
+    lines = "\n".join(f"  ({c}) {shown[k]}" for c, k in options.items())
+    question = (f"A {m.name}-parameter model in bf16 ({layers} layers, {heads} query heads and {kv_heads} "
+                f"KV heads of head_dim 128) decodes sequences of {context} tokens on an H200 (4.8 TB/s, "
+                "989 TFLOP/s). From which batch size is its step's compute floor at least its bytes floor? "
+                f"Answer a letter.\n{lines}")
+    why = {"weights only": "that is the ridge point with the weights alone: each sequence also brings its "
+                           "KV bytes",
+           "K or V once": "that counts K or V, not both: a token's KV bytes are 2 x layers x KV heads x "
+                          "head_dim x 2 bytes",
+           "batch 1": "at batch 1 the weights are read for one row: decode's intensity is about 1 FLOP per "
+                      "byte",
+           "KV in full": "the bytes grow with the batch too, so the crossing moves out — or never comes"}
+
+    def diagnose(a) -> Verdict:
+        c = parse_choice(a, options)
+        if c is None:
+            return Verdict(False, f"answer one letter of {''.join(options)}")
+        return Verdict(c == solution, why[options[c]])
+
+    return Exercise(seed, question, solution, diagnose,
+                    hint="set 2 x params x B + attention FLOPs equal to ridge x (weights + B x context x KV "
+                         "bytes per token) and solve for B; if the B terms cancel or go negative, it never "
+                         "crosses.")

@@ -78,3 +78,17 @@ def test_floor_task_accepts_the_rule_and_rejects_wrong_ones():
         verdict = task.check(lambda _fn=fn, **c: _fn(**c))
         assert verdict.answered and not verdict.correct, name
         assert "Hint:" in verdict.why
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_saturation_exercise_options_are_each_a_reading_and_only_the_full_kv_one_is_right(seed):
+    from simulators.roofline import make_saturation_exercise
+
+    ex = make_saturation_exercise(seed)
+    assert ex.check(ex.solution()).correct and not ex.check(None).answered
+    options = [line for line in ex.question.splitlines() if line.startswith("  (")]
+    assert len(options) == 4 and len(set(o[6:] for o in options)) == 4  # four different answers
+    assert any(o.endswith("about 206") for o in options)  # the weights-only reading: the ridge point
+    wrong = [c for c in "abcd" if c != ex.solution()]
+    verdicts = [hinted(ex).check(c) for c in wrong]
+    assert all(v.answered and not v.correct and "Hint:" in v.why for v in verdicts)
