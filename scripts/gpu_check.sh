@@ -167,7 +167,7 @@ report = {
                         "log": [l for l in ((out / "tensor_parallel.log").read_text(errors="replace").splitlines()
                                             if (out / "tensor_parallel.log").exists() else [])
                                 if l.startswith(("SKIPPED", "FAILED")) or " passed" in l or " failed" in l]},
-    "flashinfer": ("available " + env["flashinfer"]) if not str(env.get("flashinfer", "")).startswith("unavailable")
+    "flashinfer": ("available " + str(env.get("flashinfer"))) if not str(env.get("flashinfer", "unavailable")).startswith("unavailable")
                   else "unavailable on this machine (import flashinfer failed); FlashInfer tests skipped",
     "wall_s": wall,
 }
