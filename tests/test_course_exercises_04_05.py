@@ -4,6 +4,7 @@ answered/implemented yet" to an untouched stub, and rejects known-wrong answers 
 from __future__ import annotations
 
 import bisect
+import re
 
 import pytest
 
@@ -125,3 +126,32 @@ def test_ladder_exercise(seed):
     others = [c for c in "abc" if c != best]
     assert not ex.check(others[0]).correct and not ex.check(others[1]).correct
     assert "rows per step" in ex.check(others[0]).why
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_hints_come_only_after_a_wrong_attempt(seed):
+    from simulators.hinted_exercises import hinted
+    from simulators.launch_problems import make_remedy_exercise, make_step_exercise
+
+    for make in (make_padding_row_exercise, make_ladder_exercise, make_capture_exercise, make_step_exercise,
+                 make_remedy_exercise):
+        raw = make(seed)
+        ex = hinted(raw)
+        pending = ex.check(None)
+        assert not pending.answered and raw.hint not in str(pending) and "wrong:" not in str(pending)
+        wrong = next(c for c in ("a", "b", "c", "d", "abcde", 1e9) if not raw.check(c).correct)
+        verdict = ex.check(wrong)
+        assert verdict.answered and not verdict.correct and f"Hint: {raw.hint}" in verdict.why
+        assert ex.check(raw.solution()).correct
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_multiple_choice_states_no_premise_and_gives_options_one_format(seed):
+    from simulators.launch_problems import make_remedy_exercise
+
+    assert "bound" not in make_remedy_exercise(seed).question  # deciding host/device-bound is the exercise
+    question = make_padding_row_exercise(seed).question
+    options = [line for line in question.splitlines() if line.startswith("  (")]
+    # every candidate row names the same four fields, in the same order, and nothing else
+    row = re.compile(r"  \([a-d]\) slot -?\d+, seq_len \d+, block-table row \[[\d, ]+\], token id -?\d+")
+    assert all(row.fullmatch(o) for o in options), options
