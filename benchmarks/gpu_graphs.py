@@ -96,7 +96,8 @@ def main() -> None:
             for label, llm in engines.items():
                 times, tokens[label] = decode_steps(llm, batch, steps, shape["vocab_size"])
                 step = statistics.median(times)
-                row[label] = dict(median_step_ms=step * 1e3, tok_per_s=batch / step)
+                row[label] = dict(median_step_ms=step * 1e3, min_step_ms=min(times) * 1e3,
+                                  max_step_ms=max(times) * 1e3, tok_per_s=batch / step)
             row["graph_over_eager"] = row["graph"]["tok_per_s"] / row["eager"]["tok_per_s"]
             same = sum(a == b for a, b in zip(tokens["eager"], tokens["graph"], strict=True))
             row["greedy_identical_requests"] = f"{same}/{batch}"

@@ -9,7 +9,8 @@
 # contiguous KV at equal memory on the ShareGPT-like workload (`minirunner bench --compare contiguous`,
 # the CPU headline's settings) and, on a machine with two GPUs, LLM(tensor_parallel_size=2) over NCCL
 # against one GPU (tests/test_gpu_tensor_parallel.py; skipped with a message on one GPU), with a JSON
-# report in $OUT (or a fresh temporary folder, printed, when OUT is unset). The graph, speculative,
+# report in $OUT (or a fresh temporary folder, printed, when OUT is unset), and the course's one results
+# file, benchmarks/results/gpu_run.json (simulators/gpu_results.py), which notebooks 04-07 load. The graph, speculative,
 # paged-vs-contiguous and tensor-parallel blocks are written, not yet run on a GPU.
 #   scripts/gpu_check.sh            on a CUDA machine
 #   scripts/gpu_check.sh --dry-run  on any machine: imports, collection and the benchmark script on
@@ -51,8 +52,9 @@ PY="${PYTHON:-python}"
 T0=$(date +%s)
 
 timeout 10 "$PY" - "$REPORT_DIR/env.json" <<'PYEOF'
-import importlib, json, platform, sys
-env = {"python": platform.python_version()}
+import importlib, json, os, platform, sys
+env = {"python": platform.python_version(),
+       "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs"}
 for mod in ("torch", "triton", "transformers", "safetensors", "pytest", "flashinfer"):
     try:
         m = importlib.import_module(mod)
@@ -61,6 +63,7 @@ for mod in ("torch", "triton", "transformers", "safetensors", "pytest", "flashin
         env[mod] = f"unavailable: {type(e).__name__}: {e}"
 import torch
 env["cuda_available"] = torch.cuda.is_available()
+env["cuda_version"] = torch.version.cuda
 if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     env["gpu"] = {"name": p.name, "sms": p.multi_processor_count,
@@ -174,6 +177,16 @@ print(f"gpu_check: tests rc={test_rc}, bench rc={bench_rc}, serving rc={serve_rc
       f"{wall} s -> "
       f"{out / 'gpu_check.json'}")
 PYEOF
+# One results file for every GPU cell of the course (schema and loader: simulators/gpu_results.py): the
+# report folder's figures with the machine, versions, commit and command. A dry run writes none.
+if [ "$DRY" = 0 ]; then
+    COMMIT="${GPU_CHECK_COMMIT:-$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo "unknown (no git checkout)")}"
+    if "$PY" -m simulators.gpu_results collect "$REPORT_DIR" --out "$REPORT_DIR/gpu_run.json" \
+        --command "scripts/gpu_check.sh" --commit "$COMMIT" --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; then
+        cp "$REPORT_DIR/gpu_run.json" "$ROOT/benchmarks/results/gpu_run.json"
+        echo "gpu_check: results for the notebooks -> benchmarks/results/gpu_run.json (commit it)"
+    fi
+fi
 if [ "$TEST_RC" -ne 0 ] || [ "$BENCH_RC" -ne 0 ] || [ "$SERVE_RC" -ne 0 ] || [ "$GRAPH_RC" -ne 0 ] \
     || [ "$SPEC_RC" -ne 0 ] || [ "$PVC_RC" -ne 0 ] || [ "$TP_RC" -ne 0 ]; then
     exit 1

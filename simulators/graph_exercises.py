@@ -22,22 +22,25 @@ _LETTERS = "abcdefgh"
 # (code inside the captured step, breaks capture?, why): PyTorch's CUDA-graph notes list the host syncs,
 # dynamic shapes and control flow, and CPU work that a replay skips.
 CAPTURE_SNIPPETS: tuple[tuple[str, bool, str], ...] = (
-    ("n = int(seq_lens.max())  # the longest sequence, as a Python int", True,
+    ("n = int(seq_lens.max())  # longest sequence in the batch", True,
      "int(tensor) is a host sync: the host waits for a value the device has not produced yet"),
-    ("if (logits > 30).any(): logits = logits.clamp(max=30)", True,
+    ("if (logits > 30).any(): logits = logits.clamp(max=30)  # soft cap", True,
      "a branch on a tensor's value is a host sync, and the branch taken is frozen into the recording"),
-    ("kv = gather(cache, block_tables[:, :max_blocks_now])  # this step's widest table", True,
+    ("kv = gather(cache, block_tables[:, :max_blocks_now])  # max_blocks_now: this step's widest row", True,
      "the slice's width follows the data: a graph records one shape, so the next step reads the wrong "
      "columns"),
-    ("print(hidden.norm())", True, "printing a device tensor copies it to the host: a sync"),
-    ("hidden = hidden + residual  # both in the static buffers' graph pool", False,
+    ("print(hidden.norm())  # debug output", True, "printing a device tensor copies it to the host: a sync"),
+    ("hidden = hidden + residual  # residual connection", False,
      "device arithmetic on fixed shapes and fixed addresses: exactly what a graph records"),
-    ("slots = slot_mapping  # the static buffer the runner fills before each replay", False,
+    ("slots = slot_mapping  # slot_mapping: a buffer allocated at start-up", False,
      "reading a static buffer is the point: the runner copies this step's values into it first"),
-    ("logits = lm_head(hidden[:bucket])  # bucket fixed when the graph was captured", False,
+    ("logits = lm_head(hidden[:bucket])  # bucket: set when the graph was captured", False,
      "a slice fixed at capture time is a fixed shape"),
-    ("next_ids = logits.argmax(-1)  # written into the static output buffer", False,
+    ("next_ids = logits.argmax(-1)  # greedy pick", False,
      "a device op writing a device buffer: nothing for the host to wait on"),
+    ("scratch = torch.empty_like(hidden)  # a temporary for this step", False,
+     "an allocation during capture comes from the graph's private pool, and every replay reuses the same "
+     "address: allocating is fine, reallocating *between* replays is what breaks"),
 )
 
 
@@ -83,17 +86,18 @@ def make_capture_exercise(seed: int) -> Exercise:
 # Candidate padding rows: (description, safe?, why). Block id 0 is a valid block of the pool; a row with
 # seq_len 0 reads none of it.
 _PADDING_ROWS: tuple[tuple[str, bool, str], ...] = (
-    ("slot -1, seq_len 0, block-table row all 0, token id 0", True,
+    ("slot -1, seq_len 0, block-table row {zeros}, token id 0", True,
      "slot -1 writes nowhere, seq_len 0 attends to nothing, and every id it holds is valid"),
-    ("slot {slot}, seq_len 0, block-table row all 0, token id 0", False,
+    ("slot {slot}, seq_len 0, block-table row {zeros}, token id 0", False,
      "slot {slot} belongs to a real request: the padding row's K and V overwrite that token's cache"),
-    ("left as the previous step wrote it (slot {slot}, seq_len {seqlen}, that request's block table)", False,
-     "a stale row writes into the previous owner's cache slot and attends over its blocks: nano-vllm's "
-     "issue #190 is this bug"),
-    ("slot -1, seq_len 0, block-table row all 0, token id -1 (no token)", False,
+    ("slot {slot}, seq_len {seqlen}, block-table row {stale}, token id {token}", False,
+     "these are the values the previous step left in the row (another request's slot, length and "
+     "table): a stale row writes into that request's cache slot and attends over its blocks — "
+     "nano-vllm's issue #190 is this bug"),
+    ("slot -1, seq_len 0, block-table row {zeros}, token id -1", False,
      "token id -1 is not in the vocabulary: the embedding lookup of the padding row indexes out of "
      "bounds, although nothing it computes is kept"),
-    ("slot -1, seq_len 0, block-table row all {bad} (past the end of the pool), token id 0", False,
+    ("slot -1, seq_len 0, block-table row {bad_row}, token id 0", False,
      "block id {bad} is outside the KV pool: a kernel that reads the table indexes out of bounds"),
 )
 
@@ -111,7 +115,11 @@ def make_padding_row_exercise(seed: int) -> Exercise:
     unsafe = rng.sample(_PADDING_ROWS[1:], 3)
     rows = [_PADDING_ROWS[0], *unsafe]
     rng.shuffle(rows)
-    fill = {"slot": slot, "seqlen": seqlen, "bad": bad}
+    stale_blocks = rng.sample(range(1, blocks), 4)
+    stale_blocks[(seqlen - 1) // block_size + 1:] = [0] * (4 - (seqlen - 1) // block_size - 1)
+    slot = stale_blocks[(seqlen - 1) // block_size] * block_size + (seqlen - 1) % block_size
+    fill = {"slot": slot, "seqlen": seqlen, "bad": bad, "zeros": [0, 0, 0, 0], "bad_row": [bad] * 4,
+            "stale": stale_blocks, "token": rng.randint(3, 500)}
     options = {c: (d.format(**fill), ok, why.format(**fill)) for c, (d, ok, why) in zip(_LETTERS, rows,
                                                                                           strict=False)}
     solution = next(c for c, o in options.items() if o[1])

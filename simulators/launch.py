@@ -19,7 +19,7 @@ from simulators.buckets import capture_sizes, check_ladder, padded_batch_size
 MODES = ("eager", "graph", "graph_ladder", "async", "graph_async")
 __all__ = ["MODES", "Event", "StepResult", "simulate", "dispatch_us_per_token", "plot_timeline",
            "capture_sizes", "padded_batch_size", "GpuPrediction", "predict_gpu_speedup",
-           "ILLUSTRATIVE_GPU"]
+           "ILLUSTRATIVE_GPU", "KERNEL_MIN_US"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +233,10 @@ def _post(events, pending, host_t, post, done) -> float:
 # that order (NVIDIA's "Getting Started with CUDA Graphs" on a V100, Hazy Research's "Look Ma, No
 # Bubbles" on an H100: a few µs per launch); pass measured figures to predict a real GPU.
 ILLUSTRATIVE_GPU = {"kernel_us": 2.0, "launch_us": 5.0}
+# The shortest a GPU kernel runs, however little it does (starting it on the device, ramping up its first
+# wave): an assumption of the model, in the 2-3 µs range, not a measurement; notebook 04 shows how the
+# prediction moves with it.
+KERNEL_MIN_US = 2.5
 
 
 @dataclass(frozen=True)
@@ -255,19 +259,33 @@ class GpuPrediction:
 
 
 def predict_gpu_speedup(num_kernels: int, kernel_us: float = ILLUSTRATIVE_GPU["kernel_us"],
-                        launch_us: float = ILLUSTRATIVE_GPU["launch_us"], *,
+                        launch_us: float = ILLUSTRATIVE_GPU["launch_us"], *, num_views: int = 0,
+                        view_us: float | None = None, kernel_min_us: float = 0.0,
                         graph_launch_us: float | None = None, host_other_us: float = 0.0,
                         postprocess_us: float = 0.0) -> GpuPrediction:
-    """A decode step of ``num_kernels`` kernels of ``kernel_us`` each, issued at ``launch_us`` per eager
-    launch, simulated eager, as one graph, with async scheduling, and with both. A prediction from the
-    inputs given, never a measurement; the defaults are ``ILLUSTRATIVE_GPU``."""
+    """A decode step of ``num_kernels`` kernels of ``kernel_us`` each (at least ``kernel_min_us``: a
+    kernel never runs shorter than the device's per-kernel minimum, KERNEL_MIN_US = 2-3 µs), issued at
+    ``launch_us`` of host time per eager launch, plus ``num_views`` metadata-only operators that launch
+    nothing but cost the host ``view_us`` each (default ``launch_us``: the same dispatch), spread evenly
+    between the launches. Simulated eager, as one graph (the views are gone: a replay re-runs kernels
+    only), with async scheduling, and with both. A prediction from the inputs given, never a
+    measurement; the defaults are ``ILLUSTRATIVE_GPU``, no views, no minimum."""
     if not isinstance(num_kernels, int) or num_kernels < 1:
         raise ValueError(f"num_kernels must be a positive int, got {num_kernels!r}")
-    kernels = [float(kernel_us)] * num_kernels
-    kw = {"launch_us": launch_us, "graph_launch_us": graph_launch_us, "host_other_us": host_other_us,
-          "postprocess_us": postprocess_us}
-    return GpuPrediction(num_kernels, *(simulate(kernels, mode=m, **kw)
-                                        for m in ("eager", "graph", "async", "graph_async")))
+    if not isinstance(num_views, int) or num_views < 0:
+        raise ValueError(f"num_views must be a non-negative int, got {num_views!r}")
+    per_view = launch_us if view_us is None else view_us
+    if per_view < 0 or kernel_min_us < 0:
+        raise ValueError("view_us and kernel_min_us must be non-negative")
+    kernels = [max(float(kernel_us), float(kernel_min_us))] * num_kernels
+    eager_launch = launch_us + num_views * per_view / num_kernels  # each launch carries its share of views
+    graph_launch = launch_us if graph_launch_us is None else graph_launch_us
+    kw = {"host_other_us": host_other_us, "postprocess_us": postprocess_us}
+    return GpuPrediction(num_kernels,
+                         simulate(kernels, eager_launch, "eager", **kw),
+                         simulate(kernels, eager_launch, "graph", graph_launch_us=graph_launch, **kw),
+                         simulate(kernels, eager_launch, "async", **kw),
+                         simulate(kernels, eager_launch, "graph_async", graph_launch_us=graph_launch, **kw))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -144,10 +144,9 @@ def make_remedy_exercise(seed: int) -> Exercise:
         "c": simulate(p.kernel_us, p.launch_us, "graph", **kw).step_us,
     }
     best = min(options, key=lambda k: (options[k], k))
-    eager = p.run("eager")
-    question = (f"Same step as make_step_exercise({seed}) ({eager.bound}-bound in eager mode). Which "
-                "single change shortens it most? (a) a host twice as fast at launching; (b) a device "
-                "twice as fast at every operator; (c) capture the step as one graph. Answer a, b or c.")
+    question = (f"Same step as make_step_exercise({seed}), eager. Which single change shortens it most? "
+                "(a) a host twice as fast at every launch; (b) a device twice as fast at every operator; "
+                "(c) the whole step captured as one graph. Answer a, b or c.")
     what = {"a": "halving the launch cost", "b": "halving every kernel", "c": "one graph launch"}
 
     def diagnose(answer) -> Verdict:

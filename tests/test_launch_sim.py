@@ -184,6 +184,20 @@ def test_gpu_prediction_is_eager_over_graph_by_hand():
         predict_gpu_speedup(0)
 
 
+def test_gpu_prediction_charges_views_to_the_eager_host_and_keeps_a_kernel_minimum():
+    # 100 kernels of 0.5 µs raised to a 2.5 µs minimum; 100 views at 1 µs each ride on the launches:
+    # eager host = 100 x (5 + 1) = 600, the last kernel ends at 600 + 2.5; graph = 5 + 100 x 2.5 = 255
+    p = predict_gpu_speedup(100, kernel_us=0.5, launch_us=5.0, num_views=100, view_us=1.0, kernel_min_us=2.5)
+    assert p.eager.step_us == 602.5 and p.graph.step_us == 255.0
+    no_views = predict_gpu_speedup(100, kernel_us=0.5, launch_us=5.0, kernel_min_us=2.5)
+    assert no_views.graph.step_us == p.graph.step_us  # a replay re-runs kernels, not views
+    assert no_views.eager.step_us == 502.5
+    # views cost a dispatch like any operator unless told otherwise
+    assert predict_gpu_speedup(10, 1.0, 4.0, num_views=10).eager.step_us == 10 * 8 + 1
+    with pytest.raises(ValueError, match="num_views"):
+        predict_gpu_speedup(10, num_views=-1)
+
+
 def test_exercises_check_their_own_solutions_and_explain_wrong_answers():
     for seed in range(5):
         for make in (make_step_exercise, make_graph_exercise, make_bucket_exercise,
