@@ -111,9 +111,7 @@ class ImplementIt:
     ``cases`` are keyword-argument dicts for both functions. ``reference`` is passed in (a simulator never
     imports the runner: a notebook hands the runner's twin in as data). ``same(got, expected)`` compares
     two results (``==`` by default; pass e.g. ``torch.equal`` or an ``allclose``). A stub that raises
-    ``NotImplementedYet`` (or ``NotImplementedError``) gets "not implemented yet" with ``hint``, or, with
-    ``hint_after_wrong``, without it: then the hint comes only with a wrong attempt's verdict, so the
-    algorithm is never printed before the student has tried.
+    ``NotImplementedYet`` (or ``NotImplementedError``) gets "not implemented yet" with ``hint``.
     """
 
     name: str
@@ -122,25 +120,15 @@ class ImplementIt:
     same: Callable[[Any, Any], bool] = field(default=lambda a, b: a == b, repr=False)
     hint: str = "fill in the function body and run the cell again."
     show: Callable[[Any], str] = field(default=repr, repr=False)
-    hint_after_wrong: bool = False  # True: an untouched stub gets no hint; the first wrong attempt does
 
     def check(self, fn: Callable[..., Any]) -> Verdict:
-        verdict = self._check(fn)
-        if self.hint_after_wrong and verdict.answered and not verdict.correct:
-            return Verdict(False, f"{verdict.why}. Hint: {self.hint}")
-        return verdict
-
-    def _check(self, fn: Callable[..., Any]) -> Verdict:
         for i, case in enumerate(self.cases):
             expected = self.reference(**case)
             try:
                 got = fn(**case)
             except NotImplementedError:
-                why = f"{self.name}: {self.hint}"
-                if self.hint_after_wrong:
-                    why = (f"{self.name}: write the function body and run the cell again (a hint comes after "
-                           "a first attempt that fails)")
-                return Verdict(False, why, answered=False, pending="not implemented yet")
+                return Verdict(False, f"{self.name}: {self.hint}", answered=False,
+                               pending="not implemented yet")
             except Exception as e:  # a student's bug is a verdict, not a crash of the notebook
                 return Verdict(False, f"case {i} ({_args(case, self.show)}) raised "
                                       f"{type(e).__name__}: {e}")

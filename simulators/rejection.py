@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from simulators.exercises import Exercise, ImplementIt, Verdict, parse_choice, parse_float
+from simulators.hinted_exercises import HintedTask, hinted
 
 __all__ = ["acceptance_probability", "residual", "emitted_distribution", "rejection_sample_chain",
            "acceptance_by_position", "chi2_sf", "chi_square", "make_acceptance_exercise",
@@ -310,7 +311,7 @@ def _case(rng: np.random.Generator, k: int, vocab: int, closeness: float) -> dic
 
 def rejection_task(reference: Callable[..., list[int]],
                    draw_noise: Callable[[int, int, int, int], tuple[np.ndarray, np.ndarray]],
-                   vocab: int = 6, seed: int = 0) -> ImplementIt:
+                   vocab: int = 6, seed: int = 0) -> HintedTask:
     """The implement-it task: write ``fn(p, q, draft, u, g, seed, position) -> list[int]`` (the
     signature and meaning of :func:`rejection_sample_chain`) and match ``reference`` on seeded cases.
 
@@ -342,9 +343,9 @@ def rejection_task(reference: Callable[..., list[int]],
             return repr(np.round(x, 3).tolist())
         return repr(x)
 
-    return ImplementIt("rejection_sampler", reference, cases,
+    return hinted(ImplementIt("rejection_sampler", reference, cases,
                        same=lambda got, expected: [int(t) for t in got] == list(expected),
                        hint="walk the drafts in order: accept draft j when p[j, x] >= u[j] * q[j, x]; at "
                             "the first rejection append argmax(log(max(0, p[j] - q[j])) + g[j]) and stop; "
                             "if all pass, append argmax(log(p[k]) + g[k]).",
-                       show=show, hint_after_wrong=True)
+                       show=show))

@@ -11,6 +11,7 @@ import random
 from collections.abc import Callable
 
 from simulators.exercises import ImplementIt
+from simulators.hinted_exercises import HintedTask, hinted
 from simulators.speculative import tokens_per_pass
 
 KINDS = ("warmup", "probe", "zero", "interior", "max")
@@ -50,7 +51,7 @@ def _estimates(history: list[dict]) -> tuple[float, float, float, float]:
 
 
 def dynamic_k_task(reference: Callable[..., int], warmup_steps: int, probe_every: int,
-                   seed: int = 0) -> ImplementIt:
+                   seed: int = 0) -> HintedTask:
     """Implement-it: ``fn(history, call, k_max, warmup_steps, probe_every) -> int``, the number of drafts to
     propose at the ``call``-th choice, given ``history`` (a list of dicts, one per verify step of one
     request: k proposed, accepted, propose_s for the k draft passes, verify_s for the target pass).
@@ -96,10 +97,10 @@ def dynamic_k_task(reference: Callable[..., int], warmup_steps: int, probe_every
             return f"[{len(x)} steps: {first}, ...]"
         return repr(x)
 
-    return ImplementIt(
-        "choose_k", reference, cases, show=show, hint_after_wrong=True,
+    return hinted(ImplementIt(
+        "choose_k", reference, cases, show=show,
         hint=("alpha = accepted / tested drafts (a step tests its accepted drafts and, if one failed, that "
               "one); c = (propose seconds per draft token) / (verify seconds per step); fewer than "
               "warmup_steps steps: k_max; else the k in 0..k_max with the largest (1 - alpha^(k+1)) / "
               "((1 - alpha)(k c + 1)), the first on a tie; a 0 on a call that is a multiple of "
-              "probe_every becomes 1."))
+              "probe_every becomes 1.")))
