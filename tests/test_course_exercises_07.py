@@ -269,6 +269,7 @@ def test_the_race_is_real_in_the_model():
 
 def test_race_task_accepts_the_runner_rule():
     assert race_task(fresh_pinned).check(fresh_pinned).correct
+    assert race_task().check(fresh_pinned).correct  # the notebook's task carries no reference
 
 
 @pytest.mark.parametrize("wrong", [one_pinned_buffer, barrier, pageable, two_buffers])
