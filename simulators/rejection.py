@@ -261,7 +261,7 @@ _REGIMES = {
                  ("the sampler: rejection sampling over 1280 rows of a 128K vocabulary takes over",
                   "sampling reads each row once; it is small next to 2 x 70B FLOPs per token")]),
     "overhead": ("The 3.2M-parameter embedded model runs eager on a CPU. Its 1-layer draft has a fifth of "
-                 "the target's FLOPs but costs far more than a fifth of a target step. What sets its "
+                 "the target's FLOPs but costs more than a fifth of a target step. What sets its "
                  "step time?",
                  ("host work: one layer still dispatches embedding, norms, attention, MLP, lm_head, sampler",
                   "overhead-bound: time = operators x host cost per operator, not FLOPs"),
