@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from simulators.exercises import Exercise, ImplementIt, Verdict, parse_choice, parse_float
+from simulators.hinted_exercises import HintedTask, hinted
 
 __all__ = ["acceptance_probability", "residual", "emitted_distribution", "rejection_sample_chain",
            "acceptance_by_position", "chi2_sf", "chi_square", "make_acceptance_exercise",
@@ -207,8 +208,7 @@ def make_acceptance_exercise(seed: int) -> Exercise:
         return Verdict(False, "weight each token's acceptance min(1, p/q) by how often the draft "
                               "proposes it, q.")
 
-    return Exercise(seed, question, beta, diagnose,
-                    hint="P(accept) = sum over x of q(x) * min(1, p(x) / q(x)); simplify each term.")
+    return Exercise(seed, question, beta, diagnose)
 
 
 def make_histogram_exercise(seed: int) -> Exercise:
@@ -237,29 +237,38 @@ def make_histogram_exercise(seed: int) -> Exercise:
                                   "from max(0, p - q).")
         return Verdict(False, "add the accepted part min(p, q) and the recovered part max(0, p - q).")
 
-    return Exercise(seed, question, solution, diagnose,
-                    hint="P(emit y) = P(draft y and accept) + P(reject) * P(residual draws y).")
+    return Exercise(seed, question, solution, diagnose)
 
 
+# Each regime: the question, the right option and two wrong ones, each a misconception students hold,
+# each with the reason it is wrong (given only after that option is chosen). Options are of equal
+# length and form ("<what>: <why>"), so none stands out.
 _REGIMES = {
     "memory": ("A 70B-parameter model in bf16 serves one request on a GPU under CUDA graphs. Verifying "
-               "k + 1 = 5 tokens takes about as long as decoding 1. Why?",
-               "every step reads all 140 GB of weights once whatever the token count, and 5 tokens' "
-               "arithmetic (5 FLOPs per byte read) takes far less time than that read",
-               ["the GPU launches fewer kernels when it scores 5 tokens at once",
-                "the draft model already did the target's arithmetic for the 4 drafted tokens"]),
-    "compute": ("A 70B-parameter model in bf16 serves 256 requests per step on GPUs. Why does verifying "
-                "k + 1 = 5 tokens per request now cost about 5 decode steps, so speculation stops paying?",
-                "256 x 5 = 1280 tokens per weight read is above the ridge point (about 200 FLOPs per "
-                "byte): arithmetic, not the weight read, sets the step time",
-                ["with 256 requests the weights no longer fit in GPU memory",
-                 "the rejection sampler's cost grows with the batch until it dominates the step"]),
-    "overhead": ("The 3.2M-parameter embedded model runs eager on a CPU. Why is the draft step's cost "
-                 "ratio c far above its FLOP share (about 1/5)?",
-                 "a tiny model's step time is mostly per-operator host work, and the 1-layer draft "
-                 "still dispatches embedding, norms, attention, MLP, lm_head and sampling operators",
-                 ["the draft's weights are stored in a slower dtype than the target's",
-                  "the draft reads the target's KV cache as well as its own"]),
+               "k + 1 = 5 tokens takes about as long as decoding 1. What sets the step time?",
+               ("weight reads: all 140 GB are read once per step, and 5 tokens reuse every byte read",
+                "memory-bound: time = weight bytes / bandwidth, and k + 1 tokens reuse each byte read"),
+               [("kernel launches: one pass over 5 tokens launches a fifth of the kernels of five",
+                 "under CUDA graphs a step is one launch whatever it scores; launches are not the cost"),
+                ("the draft's work: the drafted tokens were already computed, so the target only checks",
+                 "the target recomputes every position with its own weights; no draft work is reused")]),
+    "compute": ("A 70B-parameter model in bf16 serves 256 requests per step on GPUs. Verifying k + 1 = 5 "
+                "tokens per request now costs about 5 decode steps. What sets the step time?",
+                ("arithmetic: 1280 tokens per weight read is past the ridge of about 200 FLOPs a byte",
+                 "compute-bound: time = FLOPs / peak, and the FLOPs grow with the tokens scored"),
+                [("memory capacity: the KV of 1280 tokens no longer fits, so blocks swap to the host",
+                  "1280 more tokens of KV is a few hundred MB; capacity does not change the step's time"),
+                 ("the sampler: rejection sampling over 1280 rows of a 128K vocabulary takes over",
+                  "sampling reads each row once; it is small next to 2 x 70B FLOPs per token")]),
+    "overhead": ("The 3.2M-parameter embedded model runs eager on a CPU. Its 1-layer draft has a fifth of "
+                 "the target's FLOPs but costs more than a fifth of a target step. What sets its "
+                 "step time?",
+                 ("host work: one layer still dispatches embedding, norms, attention, MLP, lm_head, sampler",
+                  "overhead-bound: time = operators x host cost per operator, not FLOPs"),
+                 [("weight reads: the draft's weights leave the CPU cache each step and come from DRAM",
+                   "its 0.64M weights (a few MB) take microseconds even from DRAM; its step takes ms"),
+                  ("KV reads: the draft's attention also reads the target's KV cache on every step",
+                   "the draft has its own paged KV cache and reads only that, a quarter of the target's")]),
 }
 
 
@@ -272,23 +281,20 @@ def make_regime_exercise(seed: int) -> Exercise:
     rng.shuffle(options)
     letters = "abc"
     answer_letter = letters[options.index(right)]
-    text = question + "\n" + "\n".join(f"({c}) {o}" for c, o in zip(letters, options, strict=True)) + \
+    text = question + "\n" + "\n".join(f"({c}) {o[0]}" for c, o in zip(letters, options, strict=True)) + \
         "\nAnswer a, b or c."
-    why = {"memory": "memory-bound: time = weight bytes / bandwidth, and k + 1 tokens reuse each byte read",
-           "compute": "compute-bound: time = FLOPs / peak, and the FLOPs grow with the tokens scored",
-           "overhead": "overhead-bound: time = operators x host cost per operator, not FLOPs"}[name]
+    why = dict(zip(letters, (o[1] for o in options), strict=True))
 
     def diagnose(answer) -> Verdict:
         choice = parse_choice(answer, letters)
         if choice is None:
             return Verdict(False, 'answer "a", "b" or "c".')
         if choice == answer_letter:
-            return Verdict(True, why + ".")
-        return Verdict(False, "that does not change what the step waits for; ask which of weight bytes, "
-                              "FLOPs or operator count sets its time (notebook 04's three regimes).")
+            return Verdict(True, why[choice] + ".")
+        return Verdict(False, why[choice] + "; ask which of weight bytes / bandwidth, FLOPs / peak or "
+                                            "operators x host cost is the largest (notebook 04).")
 
-    return Exercise(seed, text, answer_letter, diagnose,
-                    hint="compare weight bytes / bandwidth, FLOPs / peak and operators x host cost.")
+    return Exercise(seed, text, answer_letter, diagnose)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,7 +311,7 @@ def _case(rng: np.random.Generator, k: int, vocab: int, closeness: float) -> dic
 
 def rejection_task(reference: Callable[..., list[int]],
                    draw_noise: Callable[[int, int, int, int], tuple[np.ndarray, np.ndarray]],
-                   vocab: int = 6, seed: int = 0) -> ImplementIt:
+                   vocab: int = 6, seed: int = 0) -> HintedTask:
     """The implement-it task: write ``fn(p, q, draft, u, g, seed, position) -> list[int]`` (the
     signature and meaning of :func:`rejection_sample_chain`) and match ``reference`` on seeded cases.
 
@@ -337,9 +343,9 @@ def rejection_task(reference: Callable[..., list[int]],
             return repr(np.round(x, 3).tolist())
         return repr(x)
 
-    return ImplementIt("rejection_sampler", reference, cases,
+    return hinted(ImplementIt("rejection_sampler", reference, cases,
                        same=lambda got, expected: [int(t) for t in got] == list(expected),
                        hint="walk the drafts in order: accept draft j when p[j, x] >= u[j] * q[j, x]; at "
                             "the first rejection append argmax(log(max(0, p[j] - q[j])) + g[j]) and stop; "
                             "if all pass, append argmax(log(p[k]) + g[k]).",
-                       show=show)
+                       show=show))

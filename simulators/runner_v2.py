@@ -1,19 +1,17 @@
-"""Model Runner V2 for notebook 07: persistent state rows and idx_mapping, the most a faster runner can buy,
-and the exercises and implement-it task that go with them.
+"""Model Runner V2 for notebook 07: persistent state rows and idx_mapping, vLLM V1's batch for contrast, the
+most a faster runner can buy, and the exercises that go with them.
 
 Owns pure teaching helpers: a row-assignment model of a persistent batch (a free list, rows kept for a
-request's life), the bound on a runner's gain from host and device time per step, and seeded exercises
-with checkers. It imports nothing of the runner: a reference function is passed in as data.
+request's life), models of V1's condense and reorder rules, the bound on a runner's gain from host and
+device time per step, and seeded exercises with checkers. It imports nothing of the runner.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-import numpy as np
-
-from simulators.exercises import Exercise, ImplementIt, Verdict, parse_int
+from simulators.exercises import Exercise, Verdict, parse_int
 
 MEANINGS = ("kernel", "abstraction", "memory model")
 
@@ -42,10 +40,51 @@ class PersistentRows:
         return [self.admit(r) for r in batch]
 
 
-def compaction_moves(before: Sequence[str], finished: str) -> int:
-    """Rows a V1-style compacting batch moves when ``finished`` leaves: every request after it shifts up
-    by one (vLLM V1's condense moves the last rows into the holes; either way rows move)."""
-    return len(before) - 1 - list(before).index(finished)
+def v1_admit_and_condense(before: Sequence[str], finished: Sequence[str], admitted: Sequence[str]
+                          ) -> tuple[list[str], list[tuple[int, int]]]:
+    """vLLM V1's persistent batch across one step (``GPUModelRunner._update_states`` in
+    vllm/v1/worker/gpu_model_runner.py, ``InputBatch.condense`` in vllm/v1/worker/gpu_input_batch.py).
+
+    The ``finished`` requests leave holes; the ``admitted`` ones fill the smallest holes first, then go
+    at the end; ``condense`` then moves the last live row into each hole that is left, smallest hole
+    first. Returns the rows after, in order, and the moves (from row, to row): one per hole left
+    between live rows, none when an admission fills it."""
+    rows: list[str | None] = list(before)
+    holes = sorted(rows.index(r) for r in finished)
+    for r in finished:
+        rows[rows.index(r)] = None
+    for r in admitted:
+        if holes:
+            rows[holes.pop(0)] = r
+        else:
+            rows.append(r)
+    moves = []
+    last = len(rows) - 1
+    for hole in holes:
+        while last >= 0 and rows[last] is None:
+            last -= 1
+        if hole >= last:
+            break
+        rows[hole], rows[last] = rows[last], None
+        moves.append((last, hole))
+        last -= 1
+    return [r for r in rows if r is not None], moves
+
+
+def v1_reorder_swaps(is_decode: Sequence[bool]) -> list[tuple[int, int]]:
+    """The row swaps vLLM V1 makes so that decode requests come first for the attention backend
+    (``reorder_batch_to_split_decodes_and_prefills`` in vllm/v1/attention/backends/utils.py): the i-th
+    prefill from the front swaps with the i-th decode from the back, until every decode is in front.
+    Each swap exchanges two whole rows of the input batch (``InputBatch.swap_states``)."""
+    decodes = [i for i, d in enumerate(is_decode) if d]
+    prefills = [i for i, d in enumerate(is_decode) if not d]
+    swaps = []
+    for i in range(1, min(len(decodes), len(prefills)) + 1):
+        decode = decodes[len(decodes) - i]
+        if decode < len(decodes):
+            break
+        swaps.append((prefills[i - 1], decode))
+    return swaps
 
 
 def runner_gain(host_us: float, device_us: float, overlapped: bool = False) -> float:
@@ -137,8 +176,8 @@ def make_idx_mapping_exercise(seed: int, capacity: int = 6) -> Exercise:
         if got == answer:
             return Verdict(True, f"rows stay put; {new} takes the row {gone} freed: {answer}.")
         if got == compact:
-            return Verdict(False, "that is a compacted batch (V1's rows 0..n-1): here rows do not move, "
-                                  "the step gathers them.")
+            return Verdict(False, "that numbers the batch 0..n-1 as if rows followed batch order: here a "
+                                  "request's row is where it was admitted, and the step gathers them.")
         return Verdict(False, f"each surviving request keeps its step-1 row; {new} takes a free row "
                               f"(which one was freed last?).")
 
@@ -172,27 +211,3 @@ def make_meaning_exercise(seed: int) -> Exercise:
                               "memory model is how KV memory is laid out and handed out.")
 
     return Exercise(seed, question, answer, diagnose)
-
-
-def make_slot_mapping_task(reference: Callable, seed: int = 0, num_cases: int = 8) -> ImplementIt:
-    """Implement-it: the idx_mapping gather behind the slot mapping. ``reference(block_tables, idx_mapping,
-    num_computed, query_lens, block_size)`` returns the slot of every scheduled token (a list of ints);
-    the notebook passes the runner's twin (minirunner.kernels.input_prep.prepare_inputs_ref)
-    wrapped to that shape."""
-    rng = np.random.default_rng(seed)
-    cases = []
-    for i in range(num_cases):
-        block_size = int(rng.choice([1, 2, 4, 16]))
-        capacity, width = 6, 4
-        n = int(rng.integers(1, capacity + 1))
-        rows = rng.permutation(capacity)[:n].tolist()
-        tables = rng.permutation(40)[:capacity * width].reshape(capacity, width).tolist()
-        computed = rng.integers(0, width * block_size // 2 + 1, capacity).tolist()
-        qlens = [int(rng.integers(1, width * block_size - computed[r] + 1)) if i % 2 else 1 for r in rows]
-        cases.append(dict(block_tables=tables, idx_mapping=rows, num_computed=computed, query_lens=qlens,
-                          block_size=block_size))
-    return ImplementIt("slot mapping", reference, cases,
-                       same=lambda a, b: [int(x) for x in a] == [int(x) for x in b],
-                       hint="for each request b, row = idx_mapping[b]; for each of its query_lens[b] tokens, "
-                            "pos = num_computed[row] + j, slot = block_tables[row][pos // block_size] * "
-                            "block_size + pos % block_size.")

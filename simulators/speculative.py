@@ -45,39 +45,79 @@ class DecoderShape:
         mlp = 3 * self.hidden * self.intermediate
         return self.layers * (attn + mlp) + self.vocab * self.hidden
 
+    def kv_bytes_per_token(self, bytes_per_el: float = 2) -> float:
+        """K and V of one token in every layer: 2 x layers x kv_heads x head_dim x bytes (notebook 02)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * bytes_per_el
+
+    def attention_flops_per_token(self, context: int) -> float:
+        """QK^T and PV of one query token against ``context`` cached tokens: 2 x 2 x context x q_heads x
+        head_dim per layer (a multiply and an add each)."""
+        return 4.0 * self.layers * self.q_heads * self.head_dim * context
+
+    def step(self, batch: int, tokens_per_request: int, context: int, bandwidth: float, peak_flops: float,
+             bytes_per_param: float = 2) -> dict:
+        """The roofline of one step of ``batch`` requests, each scoring ``tokens_per_request`` tokens
+        against ``context`` cached tokens: bytes = weights + batch x context x KV bytes per token, FLOPs =
+        2 x weights x tokens + attention's (see :func:`roofline_step`)."""
+        tokens = batch * tokens_per_request
+        return roofline_step(self.matmul_params, bytes_per_param, tokens, bandwidth, peak_flops,
+                             kv_bytes=batch * context * self.kv_bytes_per_token(bytes_per_param),
+                             attention_flops=tokens * self.attention_flops_per_token(context))
+
 
 def roofline_step(params: int, bytes_per_param: float, tokens: int, bandwidth: float,
-                  peak_flops: float) -> dict:
+                  peak_flops: float, kv_bytes: float = 0.0, attention_flops: float = 0.0) -> dict:
     """One forward step that reads ``params`` weights once and multiplies ``tokens`` tokens by them.
 
-    bytes = params x bytes_per_param; FLOPs = 2 x params x tokens (a multiply and an add per weight per
-    token); intensity = FLOPs / byte. memory_s and compute_s are the times the two limits allow
-    (bandwidth in bytes/s, peak in FLOP/s); the step takes at least the larger (the roofline: KV reads
-    and launch overhead come on top). bound: which one sets it."""
-    if tokens < 1 or params < 1 or bandwidth <= 0 or peak_flops <= 0:
-        raise ValueError("tokens and params must be >= 1, bandwidth and peak_flops > 0")
+    bytes = params x bytes_per_param + kv_bytes (the KV cache the step's attention reads: batch x context
+    x KV bytes per token); FLOPs = 2 x params x tokens (a multiply and an add per weight per token) +
+    attention_flops; intensity = FLOPs / byte. memory_s and compute_s are the times the two limits allow
+    (bandwidth in bytes/s, peak in FLOP/s); the step takes at least the larger (the roofline: launch
+    overhead comes on top). bound: which one sets it."""
+    if tokens < 1 or params < 1 or bandwidth <= 0 or peak_flops <= 0 or kv_bytes < 0 or attention_flops < 0:
+        raise ValueError("tokens and params must be >= 1, bandwidth and peak_flops > 0, kv_bytes and "
+                         "attention_flops >= 0")
     weight_bytes = params * bytes_per_param
-    flops = 2.0 * params * tokens
-    memory_s, compute_s = weight_bytes / bandwidth, flops / peak_flops
-    return dict(bytes=weight_bytes, flops=flops, intensity=flops / weight_bytes, memory_s=memory_s,
-                compute_s=compute_s, step_s=max(memory_s, compute_s),
-                bound="memory" if memory_s >= compute_s else "compute")
+    total_bytes = weight_bytes + kv_bytes
+    flops = 2.0 * params * tokens + attention_flops
+    memory_s, compute_s = total_bytes / bandwidth, flops / peak_flops
+    return dict(bytes=total_bytes, weight_bytes=weight_bytes, kv_bytes=kv_bytes, flops=flops,
+                intensity=flops / total_bytes, memory_s=memory_s, compute_s=compute_s,
+                step_s=max(memory_s, compute_s), bound="memory" if memory_s >= compute_s else "compute")
 
 
-def roofline_speedup(alpha: float, k: int, target_params: int, draft_params: int, batch: int,
-                     bytes_per_param: float, bandwidth: float, peak_flops: float) -> float:
+def roofline_speedup(alpha: float, k: int, target, draft, batch: int, bytes_per_param: float,
+                     bandwidth: float, peak_flops: float, context: int = 0) -> float:
     """Speed-up of speculation over plain decoding when every step sits on the roofline (no overhead).
 
-    Plain: one target step of ``batch`` tokens per emitted token. Speculative: k draft steps of
-    ``batch`` tokens and one target step of batch x (k + 1) tokens per (1 - a^(k+1)) / (1 - a) tokens.
-    Memory-bound verify steps make the k + 1 tokens almost free; compute-bound ones do not."""
+    ``target``/``draft``: a :class:`DecoderShape` (the KV term and attention FLOPs at ``context`` cached
+    tokens count) or a bare weight count (weights only). Plain: one target step of ``batch`` tokens per
+    emitted token. Speculative: k draft steps of ``batch`` tokens and one target step of batch x (k + 1)
+    tokens per (1 - a^(k+1)) / (1 - a) tokens. Memory-bound verify steps make the k + 1 tokens almost
+    free; compute-bound ones do not."""
     if k == 0:
         return 1.0
-    step = lambda params, tokens: roofline_step(params, bytes_per_param, tokens, bandwidth,  # noqa: E731
-                                                peak_flops)["step_s"]
-    plain = step(target_params, batch)
-    spec = k * step(draft_params, batch) + step(target_params, batch * (k + 1))
+
+    def step(model, tokens_per_request: int) -> float:
+        if isinstance(model, DecoderShape):
+            return model.step(batch, tokens_per_request, context, bandwidth, peak_flops,
+                              bytes_per_param)["step_s"]
+        return roofline_step(model, bytes_per_param, batch * tokens_per_request, bandwidth,
+                             peak_flops)["step_s"]
+
+    plain = step(target, 1)
+    spec = k * step(draft, 1) + step(target, k + 1)
     return tokens_per_pass(alpha, k) * plain / spec
+
+
+def split_host_cost(step_a_s: float, ops_a: int, step_b_s: float, ops_b: int) -> tuple[float, float]:
+    """Two engines that run the same per-step engine code over models of ``ops_a`` and ``ops_b``
+    operators, whose steps cost ``step_a_s`` and ``step_b_s`` on one clock: solve step = engine + ops x
+    per_op for (per_op seconds per operator, engine seconds per step). The overhead model of notebook 06."""
+    if ops_a == ops_b:
+        raise ValueError("the two engines need different operator counts")
+    per_op = (step_a_s - step_b_s) / (ops_a - ops_b)
+    return per_op, step_a_s - ops_a * per_op
 
 
 def tokens_per_pass(alpha: float, k: int) -> float:

@@ -10,6 +10,8 @@ import torch
 
 from minirunner.kernels.rejection_sampling import accept_uniform, rejection_sample_ref
 from minirunner.kernels.sampling import uniform_noise
+from minirunner.spec_decode.dynamic import PROBE_EVERY, WARMUP_STEPS, AcceptanceDrivenK
+from minirunner.spec_decode.metrics import SpecStats
 from simulators.exercises import NotImplementedYet
 from simulators.rejection import (
     acceptance_by_position,
@@ -24,7 +26,8 @@ from simulators.rejection import (
     rejection_task,
     residual,
 )
-from simulators.speculative import DecoderShape, roofline_speedup, roofline_step
+from simulators.speculative import DecoderShape, roofline_speedup, roofline_step, split_host_cost
+from simulators.speculative_exercises import dynamic_k_task
 
 SEEDS = range(25)
 # the known-wrong samplers take log(0) where the residual is empty, as a student's first try would
@@ -91,6 +94,26 @@ def test_regime_exercise(seed):
     wrong = [c for c in "abc" if c != ex.solution()]
     assert len(wrong) == 2 and not any(ex.check(c).correct for c in wrong)
     assert not ex.check(None).answered and not ex.check("d").correct
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_regime_options_are_of_equal_weight_and_hints_wait_for_a_wrong_answer(seed):
+    ex = make_regime_exercise(seed)
+    options = [line[4:] for line in ex.question.splitlines() if line[:1] == "(" and line[2:4] == ") "]
+    lengths = [len(o) for o in options]
+    assert len(options) == 3 and max(lengths) <= 1.2 * min(lengths)
+    assert all(":" in o for o in options)  # one form: "<what>: <why>"
+    unanswered = str(ex.check(None))
+    wrong = [str(ex.check(c)) for c in "abc" if c != ex.solution()]
+    assert "bandwidth" not in unanswered and all("bandwidth" in w for w in wrong)
+    assert wrong[0] != wrong[1]  # each misconception gets its own reason
+
+
+@pytest.mark.parametrize("make", [make_acceptance_exercise, make_histogram_exercise])
+def test_numeric_exercises_give_no_formula_before_an_attempt(make):
+    for seed in SEEDS:
+        unanswered = str(make(seed).check(None))
+        assert "min(" not in unanswered and "max(" not in unanswered and "P(" not in unanswered
 
 
 def test_the_regime_exercise_asks_all_three_regimes():
@@ -169,7 +192,9 @@ def test_an_untouched_stub_is_not_implemented_yet(task):
         raise NotImplementedYet
 
     verdict = task.check(stub)
-    assert not verdict.answered and "not implemented yet" in str(verdict) and "wrong" not in str(verdict)
+    assert not verdict.answered and "not implemented yet" in str(verdict) and "wrong:" not in str(verdict)
+    assert "u[j]" not in str(verdict)  # the algorithm is not given away before an attempt
+    assert "u[j]" in task.check(_no_bonus).why  # a wrong attempt gets the hint
 
 
 # --- the helpers ----------------------------------------------------------------------------------
@@ -234,3 +259,97 @@ def test_verifying_is_free_while_memory_bound_and_not_once_compute_bound():
     assert big["bound"] == "compute"
     assert roofline_speedup(0.8, 4, n, n // 8, 1, 2, 4.8e12, 989e12) > 2
     assert roofline_speedup(0.8, 4, n, n // 8, 256, 2, 4.8e12, 989e12) < 1
+
+
+def test_roofline_floor_counts_the_kv_read():
+    qwen = DecoderShape(hidden=1024, intermediate=3072, layers=28, q_heads=16, kv_heads=8, head_dim=128,
+                        vocab=151936)
+    assert qwen.kv_bytes_per_token() == 2 * 28 * 8 * 128 * 2
+    step = qwen.step(32, 1, 4096, 4.8e12, 989e12)
+    assert step["kv_bytes"] == 32 * 4096 * qwen.kv_bytes_per_token()  # ~15 GB against 1.19 GB of weights
+    assert step["bytes"] == step["weight_bytes"] + step["kv_bytes"]
+    assert step["kv_bytes"] > 10 * step["weight_bytes"]
+    no_kv = qwen.step(32, 1, 0, 4.8e12, 989e12)
+    assert step["memory_s"] > 10 * no_kv["memory_s"]
+    # a long context raises the speed-up of a shallow draft: the verify step reads the target's KV once
+    # for k + 1 tokens, while the 4-layer draft's KV read per step is a seventh of the target's, so c falls
+    draft = DecoderShape(hidden=1024, intermediate=3072, layers=4, q_heads=16, kv_heads=8, head_dim=128,
+                         vocab=151936)
+    assert roofline_speedup(0.8, 3, qwen, draft, 1, 2, 4.8e12, 989e12, context=32768) > \
+        roofline_speedup(0.8, 3, qwen, draft, 1, 2, 4.8e12, 989e12, context=0)
+
+
+def test_split_host_cost_recovers_an_engine_term_and_a_per_operator_cost():
+    per_op, engine = split_host_cost(2e-3 + 200 * 5e-6, 200, 2e-3 + 90 * 5e-6, 90)
+    assert per_op == pytest.approx(5e-6) and engine == pytest.approx(2e-3)
+    with pytest.raises(ValueError):
+        split_host_cost(1.0, 5, 2.0, 5)
+
+
+# --- the dynamic-k implement-it, against the runner's own rule (spec_decode/dynamic.py) -----------
+
+def runner_choose_k(history, call, k_max, warmup_steps, probe_every):
+    assert (warmup_steps, probe_every) == (WARMUP_STEPS, PROBE_EVERY)
+    dyn, stats = AcceptanceDrivenK(k_max, cost_ratio=None), SpecStats()
+    for s in history:
+        stats.record(s["k"], s["accepted"])
+        dyn.observe(s["propose_s"], s["k"], s["verify_s"])
+    dyn.num_calls = call - 1
+    return dyn.choose(stats)
+
+
+def _chooser(alpha_of, c_of, warmup=True, probe=True, allow_zero=True):
+    """A student's chooser, with one rule switchable to a known mistake."""
+    def choose(history, call, k_max, warmup_steps, probe_every):
+        if warmup and len(history) < warmup_steps:
+            return k_max
+        accepted = sum(s["accepted"] for s in history)
+        alpha = alpha_of(history, accepted)
+        c = c_of(history)
+        ks = range(0 if allow_zero else 1, k_max + 1)
+        factor = lambda k: (k + 1 if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)) / (k * c + 1)  # noqa: E731
+        best = max(ks, key=factor)
+        return 1 if probe and best == 0 and call % probe_every == 0 else best
+    return choose
+
+
+_tested = lambda h, a: a / sum(s["accepted"] + (s["accepted"] < s["k"]) for s in h)  # noqa: E731
+_drafted = lambda h, a: a / sum(s["k"] for s in h)  # noqa: E731
+_per_token = lambda h: (sum(s["propose_s"] for s in h) / sum(s["k"] for s in h)) / (  # noqa: E731
+    sum(s["verify_s"] for s in h) / len(h))
+_per_step = lambda h: sum(s["propose_s"] for s in h) / sum(s["verify_s"] for s in h)  # noqa: E731
+
+
+@pytest.fixture(scope="module")
+def k_task():
+    return dynamic_k_task(runner_choose_k, WARMUP_STEPS, PROBE_EVERY)
+
+
+def test_the_dynamic_k_reference_solution_agrees_with_the_runner(k_task):
+    assert k_task.check(_chooser(_tested, _per_token)).correct
+    for seed in range(1, 6):  # other seeds draw other histories; the same rule passes them all
+        assert dynamic_k_task(runner_choose_k, WARMUP_STEPS, PROBE_EVERY, seed=seed).check(
+            _chooser(_tested, _per_token)).correct
+
+
+@pytest.mark.parametrize("wrong", [
+    _chooser(_drafted, _per_token),               # acceptance over proposed drafts, not tested ones
+    _chooser(_tested, _per_step),                 # c per step of k drafts, not per draft token
+    _chooser(_tested, _per_token, warmup=False),  # trusts the first steps' noise
+    _chooser(_tested, _per_token, probe=False),   # k = 0 forever: alpha and c are never measured again
+    _chooser(_tested, _per_token, allow_zero=False),  # never turns speculation off
+    lambda history, call, k_max, **_: k_max,      # always speculate as deep as allowed
+])
+def test_known_wrong_choosers_fail_and_get_the_hint_only_then(k_task, wrong):
+    verdict = k_task.check(wrong)
+    assert verdict.answered and not verdict.correct
+    assert "case" in verdict.why and "Hint:" in verdict.why
+
+
+def test_an_untouched_chooser_is_not_implemented_yet_without_the_algorithm(k_task):
+    def stub(history, call, k_max, warmup_steps, probe_every):
+        raise NotImplementedYet
+
+    verdict = k_task.check(stub)
+    assert not verdict.answered and "not implemented yet" in str(verdict)
+    assert "alpha" not in str(verdict) and "tested" not in str(verdict)

@@ -1,28 +1,30 @@
 """Notebook 07's checkers: each accepts its reference answer and rejects known-wrong ones; the
-persistent-rows model agrees with the runner's RequestStateRows; the slot-mapping task accepts the
-runner's twin and rejects wrong gathers."""
+persistent-rows model agrees with the runner's RequestStateRows; the models of vLLM V1's batch follow
+its condense and reorder rules; the staged-rows task accepts the runner's own rows and rejects wrong
+allocators and diffs; the pinned-buffer race task accepts the runner's fresh-pinned-block rule and
+rejects the race, the barrier and pageable copies."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
-import torch
 
-from minirunner.kernels.input_prep import prepare_inputs_ref
 from minirunner.kv.block_table import BlockTable
 from minirunner.worker.states import RequestStateRows
 from simulators.exercises import NotImplementedYet
 from simulators.runner_v2 import (
     PersistentRows,
-    compaction_moves,
     host_share,
     make_gain_exercise,
     make_idx_mapping_exercise,
     make_meaning_exercise,
-    make_slot_mapping_task,
     runner_gain,
+    v1_admit_and_condense,
+    v1_reorder_swaps,
 )
+from simulators.runner_v2_exercises import race_task, run_steps, staged_rows_task
 
 SEEDS = range(12)
 
@@ -107,52 +109,178 @@ def test_gain_bounds():
     assert runner_gain(100, 400, overlapped=True) == 0.0
     assert runner_gain(500, 400, overlapped=True) == pytest.approx(0.25)
     assert host_share(100, 400) == pytest.approx(0.2)
-    assert compaction_moves("ABCD", "A") == 3 and compaction_moves("ABCD", "D") == 0
     with pytest.raises(ValueError):
         runner_gain(1, 0)
 
 
-def _twin_slots(block_tables, idx_mapping, num_computed, query_lens, block_size):
-    tables = torch.tensor(block_tables, dtype=torch.int32)
-    n, T = len(idx_mapping), sum(query_lens)
-    i32, i64 = torch.int32, torch.int64
-    out = dict(positions=torch.zeros(T, dtype=i64), slot_mapping=torch.zeros(T, dtype=i64),
-               seq_lens=torch.zeros(n, dtype=i32), query_start_loc=torch.zeros(n + 1, dtype=i32))
-    prepare_inputs_ref(torch.tensor(idx_mapping, dtype=i32), torch.tensor(query_lens, dtype=i32),
-                       torch.tensor(num_computed, dtype=i32), tables, block_size, **out)
-    return out["slot_mapping"].tolist()
+def test_v1_condense_moves_one_row_per_hole_and_none_when_an_admission_fills_it():
+    # vllm/v1/worker/gpu_input_batch.py InputBatch.condense: the last live row goes into the hole
+    assert v1_admit_and_condense("ABCD", ["B"], []) == (list("ADC"), [(3, 1)])
+    assert v1_admit_and_condense("ABCD", ["B"], ["E"]) == (list("AECD"), [])
+    assert v1_admit_and_condense("ABCD", ["D"], []) == (list("ABC"), [])  # the last row leaves no hole
+    assert v1_admit_and_condense("ABCDEF", ["A", "C"], []) == (list("FBED"), [(5, 0), (4, 2)])
+    assert v1_admit_and_condense("ABC", [], ["D", "E"]) == (list("ABCDE"), [])
 
 
-def _reference_solution(block_tables, idx_mapping, num_computed, query_lens, block_size):
-    out = []
-    for row, q in zip(idx_mapping, query_lens, strict=True):
-        for j in range(q):
-            pos = num_computed[row] + j
-            out.append(block_tables[row][pos // block_size] * block_size + pos % block_size)
-    return out
+def test_v1_reorder_puts_decodes_first_with_the_fewest_swaps():
+    # vllm/v1/attention/backends/utils.py reorder_batch_to_split_decodes_and_prefills
+    assert v1_reorder_swaps([True, False, True, True]) == [(1, 3)]
+    assert v1_reorder_swaps([False, False, True, True]) == [(0, 3), (1, 2)]
+    assert v1_reorder_swaps([True, True, False]) == []
+    for seed in range(30):
+        import random
+        kinds = [random.Random(seed).random() < 0.6 for _ in range(8)]
+        rows = list(kinds)
+        for a, b in v1_reorder_swaps(kinds):
+            rows[a], rows[b] = rows[b], rows[a]
+        assert rows == sorted(rows, reverse=True)  # every decode ahead of every prefill
 
 
-def test_slot_mapping_task():
-    task = make_slot_mapping_task(_twin_slots, seed=7)
-    assert task.check(_reference_solution).correct
+# --- staged rows: the runner's RequestStateRows behind the exercise's interface -------------------
 
-    def batch_order(block_tables, idx_mapping, num_computed, query_lens, block_size):  # ignores idx_mapping
-        return _reference_solution(block_tables, list(range(len(idx_mapping))), num_computed, query_lens,
-                                   block_size)
+class RunnerRows:
+    def __init__(self, capacity, width):
+        self.rows = RequestStateRows(capacity, width)
+        self.rows.record_writes()
+        self.tables = {}
 
-    def block_index(block_tables, idx_mapping, num_computed, query_lens, block_size):  # forgets the table
-        return [s - s // block_size * block_size + (s // block_size) for s in
-                _reference_solution(block_tables, idx_mapping, num_computed, query_lens, block_size)]
+    def sync(self, request_id, blocks):
+        table = self.tables.get(request_id)
+        if table is None or table.blocks != blocks[:len(table.blocks)]:  # new, or re-allocated
+            table = self.tables[request_id] = BlockTable(block_size=16)
+        table.blocks.extend(blocks[len(table.blocks):])
+        return self.rows.sync(_request(request_id), table)
 
-    def from_zero(block_tables, idx_mapping, num_computed, query_lens, block_size):  # ignores cached tokens
-        return _reference_solution(block_tables, idx_mapping, [0] * len(num_computed), query_lens, block_size)
+    def release(self, request_id):
+        self.rows.release(request_id)
+        self.tables.pop(request_id, None)
 
-    for wrong in (batch_order, block_index, from_zero):
-        v = task.check(wrong)
-        assert v.answered and not v.correct
+    def pack(self):
+        cells, blocks = self.rows.drain_writes()
+        return np.concatenate([cells, blocks.astype(np.int64)])
 
-    def stub(**_):
+    def apply(self, mirror, packed):
+        m = len(packed) // 2
+        mirror[packed[:m]] = packed[m:]
+
+
+class StudentRows:
+    """A student's solution, with switches for the known mistakes."""
+
+    def __init__(self, capacity, width, fifo=False, resend=False, keep=False, no_rewrite=False,
+                 compact=False):
+        self.width, self.fifo, self.resend, self.keep = width, fifo, resend, keep
+        self.no_rewrite, self.compact = no_rewrite, compact
+        self.free = list(range(capacity - 1, -1, -1))
+        self.row_of, self.written, self.pending = {}, {}, []
+
+    def sync(self, request_id, blocks):
+        if self.compact:  # rows follow the order requests were first seen, renumbered: V1-style
+            order = [r for r in self.row_of if r != request_id] + [request_id]
+            self.row_of = {r: i for i, r in enumerate(order)}
+            self.written.setdefault(request_id, [])
+        if request_id not in self.row_of:
+            self.row_of[request_id] = self.free.pop(0 if self.fifo else -1)
+            self.written[request_id] = []
+        row, done = self.row_of[request_id], self.written[request_id]
+        start = 0 if self.resend or (done != blocks[:len(done)] and not self.no_rewrite) else len(done)
+        for col in range(start, len(blocks)):
+            self.pending.append((row * self.width + col, blocks[col]))
+        self.written[request_id] = list(blocks)
+        return row
+
+    def release(self, request_id):
+        self.free.append(self.row_of.pop(request_id))
+        self.written.pop(request_id, None)
+
+    def pack(self):
+        cells = [c for c, _ in self.pending] + [b for _, b in self.pending]
+        if not self.keep:
+            self.pending = []
+        return np.array(cells, dtype=np.int64)
+
+    def apply(self, mirror, packed):
+        m = len(packed) // 2
+        mirror[packed[:m]] = packed[m:]
+
+
+def test_staged_rows_task_accepts_the_runner_and_a_right_solution():
+    task = staged_rows_task(RunnerRows)
+    assert task.check(RunnerRows).correct
+    assert task.check(StudentRows).correct
+    for seed in range(1, 5):
+        assert staged_rows_task(RunnerRows, seed=seed).check(StudentRows).correct
+
+
+@pytest.mark.parametrize("mistake", ["fifo", "resend", "keep", "no_rewrite", "compact"])
+def test_staged_rows_task_rejects_known_mistakes_and_hints_only_then(mistake):
+    task = staged_rows_task(RunnerRows)
+    verdict = task.check(lambda c, w: StudentRows(c, w, **{mistake: True}))
+    assert verdict.answered and not verdict.correct and "Hint:" in verdict.why
+
+
+def test_staged_rows_stub_is_not_implemented_yet_without_the_algorithm():
+    class Stub:
+        def __init__(self, capacity, width):
+            raise NotImplementedYet
+
+    verdict = staged_rows_task(RunnerRows).check(Stub)
+    assert not verdict.answered and "not implemented yet" in str(verdict) and "stack" not in str(verdict)
+
+
+# --- the pinned-buffer race ---------------------------------------------------------------------
+
+def fresh_pinned(host, stream, pool, state):  # minirunner/worker/buffers.py to_device: a fresh pinned copy
+    stream.copy_async(pool.pin_memory(host))
+
+
+def one_pinned_buffer(host, stream, pool, state):  # V1's reused pinned buffer without its barrier: the race
+    buf = state.setdefault("buf", pool.empty(len(host)))
+    buf[:] = host
+    stream.copy_async(buf)
+
+
+def barrier(host, stream, pool, state):  # V1's fix: wait for the last copy before writing again
+    buf = state.setdefault("buf", pool.empty(len(host)))
+    stream.synchronize()
+    buf[:] = host
+    stream.copy_async(buf)
+
+
+def pageable(host, stream, pool, state):  # a copy from unpinned memory cannot run ahead
+    stream.copy_async(host.copy())
+
+
+def two_buffers(host, stream, pool, state):  # round robin over too few buffers for the device's lag
+    bufs = state.setdefault("bufs", [pool.empty(len(host)), pool.empty(len(host))])
+    state["i"] = state.get("i", 0) + 1
+    buf = bufs[state["i"] % 2]
+    buf[:] = host
+    stream.copy_async(buf)
+
+
+def test_the_race_is_real_in_the_model():
+    steps = [np.full(3, i) for i in range(5)]
+    delivered, stream = run_steps(one_pinned_buffer, steps, lag=2)
+    assert [int(d[0]) for d in delivered] != list(range(5))  # copies read later values
+    delivered, stream = run_steps(fresh_pinned, steps, lag=2)
+    assert [int(d[0]) for d in delivered] == list(range(5)) and stream.host_waits == 0
+
+
+def test_race_task_accepts_the_runner_rule():
+    assert race_task(fresh_pinned).check(fresh_pinned).correct
+    assert race_task().check(fresh_pinned).correct  # the notebook's task carries no reference
+
+
+@pytest.mark.parametrize("wrong", [one_pinned_buffer, barrier, pageable, two_buffers])
+def test_race_task_rejects_the_race_the_barrier_and_pageable_copies(wrong):
+    verdict = race_task(fresh_pinned).check(wrong)
+    assert verdict.answered and not verdict.correct and "Hint:" in verdict.why
+
+
+def test_race_stub_is_not_implemented_yet_without_the_fix():
+    def stub(host, stream, pool, state):
         raise NotImplementedYet
 
-    v = task.check(stub)
-    assert not v.answered and "not implemented yet" in str(v)
+    verdict = race_task(fresh_pinned).check(stub)
+    assert not verdict.answered and "not implemented yet" in str(verdict) and "pinned" not in str(verdict)
