@@ -267,11 +267,9 @@ class LLMEngine:
             if step.chained:
                 self.chain.applied(step.sched, out.runs, end_chain)
         occupancy = self.tracer.occupancy()  # the step's peak: before finished requests free blocks
-        self.metrics.record_step(applied.produced, spec_runs)
         for request in applied.done:
             self.free_request(request)
-            self.metrics.record_finished(request)
-        self.metrics.record_state(self.scheduler, self.block_pool)
+        self.metrics.record_step(applied.produced, spec_runs, self.scheduler, self.block_pool)
         self.tracer.record(step.sched, applied.finished, occupancy,
                            sum(len(tokens) for _, tokens in applied.produced), time.perf_counter() - step.t0,
                            out.graph, spec_runs, step.propose_s, step.verify_s, step.ahead or step.chained)

@@ -97,11 +97,12 @@ class EngineMetrics:
             with self._lock:
                 self._counters["vllm:num_preemptions"] += num_preempted
 
-    def record_step(self, produced, spec_runs: dict[str, list[int]] | None = None) -> None:
-        """A step was applied: ``produced`` is (request, tokens appended) per request; ``spec_runs`` is
-        {request id: [drafts verified, drafts accepted]}. A request's first tokens count its prompt
-        (vLLM counts prompt tokens once the prefill is done) and observe its time to first token; later
-        steps observe the time since its previous tokens (one inter-token latency per step, as vLLM's)."""
+    def record_step(self, produced, spec_runs: dict[str, list[int]], scheduler, pool) -> None:
+        """A step was applied and its finished requests freed: ``produced`` is (request, tokens appended)
+        per request that sampled (those that finished included); ``spec_runs`` is {request id: [drafts
+        verified, drafts accepted]}. A request's first tokens count its prompt (vLLM counts prompt tokens
+        once the prefill is done) and observe its time to first token; later steps observe the time since
+        its previous tokens (one inter-token latency per step, as vLLM's). Then the gauges."""
         now = time.perf_counter()
         with self._lock:
             for request, tokens in produced:
@@ -119,7 +120,7 @@ class EngineMetrics:
                 if not request.is_finished:
                     self._last_token_time[rid] = now
             if self.speculative:
-                for k, accepted in (spec_runs or {}).values():
+                for k, accepted in spec_runs.values():
                     self._counters["vllm:spec_decode_num_drafts"] += 1
                     self._counters["vllm:spec_decode_num_draft_tokens"] += k
                     self._counters["vllm:spec_decode_num_accepted_tokens"] += accepted
@@ -127,26 +128,34 @@ class EngineMetrics:
                     per_pos.extend([0] * (accepted - len(per_pos)))
                     for j in range(accepted):
                         per_pos[j] += 1
+            for request, _ in produced:
+                if request.is_finished:
+                    self._finished(request)
+            self._set_state(scheduler, pool)
 
     def record_finished(self, request) -> None:
-        """A request finished (stopped, reached its length, or was aborted)."""
+        """A request finished outside a step (aborted)."""
         with self._lock:
-            self._last_token_time.pop(request.request_id, None)
-            reason = request.finish_reason if request.finish_reason in self._success else "error"
-            self._success[reason] += 1
-            if request.finish_time is not None:
-                self._histograms["vllm:e2e_request_latency_seconds"].observe(
-                    request.finish_time - request.arrival_time)
+            self._finished(request)
+
+    def _finished(self, request) -> None:
+        self._last_token_time.pop(request.request_id, None)
+        reason = request.finish_reason if request.finish_reason in self._success else "error"
+        self._success[reason] += 1
+        if request.finish_time is not None:
+            self._histograms["vllm:e2e_request_latency_seconds"].observe(
+                request.finish_time - request.arrival_time)
 
     def record_state(self, scheduler, pool) -> None:
         """The gauges, from the scheduler's queues and the block pool now (after a step, or an abort).
         KV-cache usage is vLLM's: the share of blocks not free (a cached block nobody holds is free)."""
-        running, waiting = len(scheduler.running), len(scheduler.waiting)
-        usage = pool.num_used_blocks / pool.num_blocks
         with self._lock:
-            self._gauges["vllm:num_requests_running"] = float(running)
-            self._gauges["vllm:num_requests_waiting"] = float(waiting)
-            self._gauges["vllm:kv_cache_usage_perc"] = usage
+            self._set_state(scheduler, pool)
+
+    def _set_state(self, scheduler, pool) -> None:
+        self._gauges["vllm:num_requests_running"] = float(len(scheduler.running))
+        self._gauges["vllm:num_requests_waiting"] = float(len(scheduler.waiting))
+        self._gauges["vllm:kv_cache_usage_perc"] = pool.num_used_blocks / pool.num_blocks
 
     def set_model_name(self, model_name: str) -> None:
         """The ``model_name`` label (a server's served model name)."""
