@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from minirunner.engine.request_queue import check_policy
+
 # architecture name -> (q/k/v projections carry a bias, per-head RMSNorm on q and k)
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": (None, False),
@@ -182,6 +184,7 @@ class EngineConfig:
     tokenizer_mode: str = "auto"  # "auto" / "hf": the fast tokenizer when there is one; "slow"
     max_logprobs: int = 20  # the most logprobs / prompt_logprobs a request may ask for (vLLM's default)
     tensor_parallel_size: int = 1  # ranks the model is sharded over (minirunner/distributed/tp_runner.py)
+    scheduling_policy: str = "fcfs"  # or "priority" (vLLM's): engine/request_queue.py
 
     def validate(self, model_config: ModelConfig) -> None:
         from minirunner.worker.cudagraph import capture_sizes
@@ -204,6 +207,7 @@ class EngineConfig:
                                                         and self.num_threads >= 1)):
             raise ValueError(f"num_threads must be 'auto', None (leave torch's setting) or an integer "
                              f">= 1, got {self.num_threads!r}")
+        check_policy(self.scheduling_policy)
         if self.kv_layout not in KV_LAYOUTS:
             raise ValueError(f"kv_layout must be one of {list(KV_LAYOUTS)}, got {self.kv_layout!r}")
         if self.kv_layout != "paged" and self.enable_prefix_caching:

@@ -24,6 +24,7 @@ from minirunner.assets import default_model_dir
 from minirunner.config import EngineConfig, ModelConfig, resolve_device, resolve_dtype
 from minirunner.engine.engine import LLMEngine
 from minirunner.engine.input_processor import split_prompts, validate_batch
+from minirunner.engine.request_queue import check_priorities
 from minirunner.generation_config import sampling_defaults
 from minirunner.llm_args import (
     check_named_vllm_args,
@@ -54,7 +55,8 @@ class LLM:
                  trust_remote_code: bool = False, tensor_parallel_size: int = 1,
                  max_logprobs: int = 20, generation_config: str = "auto",
                  kv_cache_dtype: str = "auto", enable_chunked_prefill: bool | None = None,
-                 disable_log_stats: bool = True, swap_space: float | None = None, **kwargs):
+                 disable_log_stats: bool = True, swap_space: float | None = None,
+                 scheduling_policy: str = "fcfs", **kwargs):
         """``graph_mode``: "auto" (cuda on a CUDA device, none on a CPU), "none" (eager), "cuda" (a CUDA
         graph per decode bucket), "compile" (torch.compile per bucket: the CPU analogue).
         ``enforce_eager=True`` is vLLM's name for graph_mode="none". ``cudagraph_capture_sizes``: the
@@ -98,7 +100,8 @@ class LLM:
             cudagraph_capture_sizes=cudagraph_capture_sizes,
             speculative_config=speculative_config, async_scheduling=async_scheduling,
             tokenizer=None if tokenizer is None else str(tokenizer), tokenizer_mode=tokenizer_mode,
-            max_logprobs=max_logprobs, tensor_parallel_size=tensor_parallel_size)
+            max_logprobs=max_logprobs, tensor_parallel_size=tensor_parallel_size,
+            scheduling_policy=scheduling_policy)
         generation_dir = resolve_generation_config(generation_config, str(model))
         self._default_sampling = {} if generation_dir is None else sampling_defaults(generation_dir)
         self.engine = LLMEngine(config, model_config)
@@ -137,9 +140,11 @@ class LLM:
         return True
 
     # -- batch generation -----------------------------------------------------------------------
-    def _submit(self, prompts, sampling_params) -> list[str]:
-        """Validate every prompt, then queue them all; returns their request ids in prompt order."""
+    def _submit(self, prompts, sampling_params, priority: Sequence[int] | None = None) -> list[str]:
+        """Validate every prompt (and priority), then queue them all; returns their request ids in prompt
+        order."""
         prompts = split_prompts(prompts)
+        priority = check_priorities(priority, len(prompts), self.engine.config.scheduling_policy)
         if not prompts:
             raise ValueError("prompts is empty: give at least one prompt")
         if sampling_params is None:
@@ -154,8 +159,8 @@ class LLM:
         processed = validate_batch(self.engine.process_input, prompts, params_list)
         ids: list[str] = []
         try:
-            for p in processed:
-                ids.append(self.engine.add_request(p))
+            for p, rank in zip(processed, priority, strict=True):
+                ids.append(self.engine.add_request(p, priority=rank))
         except BaseException:
             self.engine.abort_all(ids)
             raise
@@ -169,12 +174,13 @@ class LLM:
 
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
         """Generate for every prompt; outputs in prompt order. A prompt is a string, a list of token
         ids, or vLLM's {"prompt": str} / {"prompt_token_ids": [...]}. ``sampling_params`` None: the
-        model's defaults (get_default_sampling_params). Raises ValueError, running nothing, when any
-        prompt is refused."""
-        ids = self._submit(prompts, sampling_params)
+        model's defaults (get_default_sampling_params). ``priority``: one integer per prompt, lower
+        served first (needs LLM(scheduling_policy="priority") unless all 0). Raises ValueError, running
+        nothing, when any prompt is refused."""
+        ids = self._submit(prompts, sampling_params, priority)
         bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
         done: set[str] = set()
         try:
@@ -193,13 +199,13 @@ class LLM:
 
     def stream(self, prompts: Prompt | list[Prompt],
                sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-               ) -> Iterator[StreamChunk]:
+               priority: list[int] | None = None) -> Iterator[StreamChunk]:
         """Yield each completion's new tokens and text as the engine produces them (one chunk per
         completion per step). Text is held back while it may still become a stop string or is an
         incomplete character, so a completion's chunks concatenate to exactly its final text. A
         completion's last chunk has ``finished=True``; the chunk that finishes a prompt's last
         completion carries the RequestOutput. Prompts are validated as in ``generate``."""
-        index = {s: i for i, s in enumerate(self._submit(prompts, sampling_params))}
+        index = {s: i for i, s in enumerate(self._submit(prompts, sampling_params, priority))}
         engine = self.engine
         try:
             while engine.has_unfinished_requests():

@@ -26,6 +26,7 @@ from minirunner.engine.input_processor import InputProcessor, ProcessedPrompt
 from minirunner.engine.output_processor import OutputProcessor
 from minirunner.engine.parallel_sampling import child_id, child_seed
 from minirunner.engine.request import Request
+from minirunner.engine.request_queue import check_priority
 from minirunner.engine.trace import StepTracer
 from minirunner.generation_config import generation_eos_ids
 from minirunner.metrics.reader import Metric
@@ -92,10 +93,11 @@ class LLMEngine:
         return self.input_processor.process(prompt, params or SamplingParams())
 
     def add_request(self, prompt, params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
+                    request_id: str | None = None, priority: int = 0) -> str:
         """Validate and queue one request (a prompt in any of vLLM's forms, or a ProcessedPrompt);
-        returns its id. Raises ValueError (queueing nothing, every other request still served) for a
-        bad prompt or a request whose KV cannot fit in the pool even alone."""
+        returns its id. Raises ValueError (queueing nothing, every other request still served) for a bad
+        prompt, a KV need over the whole pool, or a non-zero ``priority`` under the "fcfs" policy."""
+        check_priority(priority, self.config.scheduling_policy)
         if not isinstance(prompt, ProcessedPrompt):
             prompt = self.process_input(prompt, params)
         token_ids, params = prompt.token_ids, prompt.params
@@ -109,7 +111,7 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         group = [Request(cid, token_ids, params, child_seed(seed, i), max_len,
                          frozenset() if params.ignore_eos else self.eos_token_ids,
-                         prompt=prompt.text,
+                         prompt=prompt.text, priority=priority,
                          group_id=request_id, index=i) for i, cid in enumerate(ids)]
         for request in group:
             if self.tokenizer is not None and params.detokenize:
