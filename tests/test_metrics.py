@@ -57,6 +57,13 @@ def test_tokens_requests_and_latencies_match_what_was_generated(model_dir):
     assert ttft.sum == pytest.approx(sum(o.metrics.time_to_first_token for o in outs))
     # one inter-token latency per output token after the first (one token per step without speculation)
     assert by_name(m, "vllm:inter_token_latency_seconds").count == sum(n - 1 for n in lengths)
+    # per-request token counts, vLLM's 1-2-5 buckets up to max_model_len (the tiny model's 128)
+    prompt_hist = by_name(m, "vllm:request_prompt_tokens")
+    assert prompt_hist.count == 3 and prompt_hist.sum == value(m, "vllm:prompt_tokens")
+    assert list(prompt_hist.buckets) == ["1.0", "2.0", "5.0", "10.0", "20.0", "50.0", "100.0", "+Inf"]
+    generated = by_name(m, "vllm:request_generation_tokens")
+    assert (generated.count, generated.sum) == (3, sum(lengths))
+    assert [generated.buckets[le] for le in ("2.0", "5.0", "10.0")] == [0, 2, 3]  # 5, 9 and 3 tokens
     e2e = by_name(m, "vllm:e2e_request_latency_seconds")
     assert e2e.count == 3 and e2e.sum == pytest.approx(sum(o.metrics.e2e_latency for o in outs))
     # after the run: nothing running or waiting, every block free (no prefix cache keeps any)
@@ -140,7 +147,10 @@ def test_spec_decode_counters_agree_with_the_spec_stats(model_dir):
     assert isinstance(per_pos, Vector) and len(per_pos.values) == k
     assert sum(per_pos.values) == accepted  # a draft at position j is accepted only after 0..j-1
     assert per_pos.values == sorted(per_pos.values, reverse=True)
-    assert value(m, "vllm:generation_tokens") == sum(len(o.outputs[0].token_ids) for o in outs)
+    total = sum(len(o.outputs[0].token_ids) for o in outs)
+    assert value(m, "vllm:generation_tokens") == total == 2 * 24
+    generated = by_name(m, "vllm:request_generation_tokens")  # vLLM's test_engine_metrics checks these
+    assert (generated.count, generated.buckets["+Inf"], generated.sum) == (2, 2, total)
 
 
 def test_a_reader_thread_sees_consistent_snapshots(model_dir):

@@ -73,10 +73,8 @@ class LLMEngine:
                                               config.max_logprobs, self.kv.reservation_blocks,
                                               lambda: self.num_kv_blocks, config.kv_layout == "paged")
         self.output_processor = OutputProcessor(self.tokenizer, self.kv)
-        self.metrics = EngineMetrics(  # the one set (get_metrics, /metrics); the scheduler's admissions
-            config.model, config.enable_prefix_caching and config.kv_layout == "paged",
-            None if parts.spec_config is None else parts.spec_config.max_num_speculative_tokens)
-        self.scheduler.metrics = self.metrics
+        self.metrics = EngineMetrics.for_engine(config, parts.spec_config)  # the one set: get_metrics
+        self.scheduler.metrics = self.metrics  # admissions are prefix-cache queries
         self.tracer = StepTracer(self.kv, self.scheduler, config.block_size, config.trace_block_tables)
         self.trace = self.tracer.trace
         self.requests: dict[str, Request] = {}  # every live completion, by its own id

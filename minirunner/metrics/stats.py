@@ -21,6 +21,19 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                20.0, 40.0, 80.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
+    """vLLM's bounds for token-count histograms: 1, 2, 5, 10, 20, 50, ... up to ``max_value``."""
+    bounds, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return tuple(bounds)
+            bounds.append(float(m * scale))
+        scale *= 10
+
+
 FINISH_REASONS = ("stop", "length", "abort", "error")  # vLLM's FinishReason, each label always present
 
 _COUNTERS = {  # name -> documentation (vLLM's HELP text)
@@ -34,6 +47,10 @@ _SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": "Number of spec decoding drafts.",
     "vllm:spec_decode_num_draft_tokens": "Number of draft tokens.",
     "vllm:spec_decode_num_accepted_tokens": "Number of accepted tokens.",
+}
+_TOKEN_HISTOGRAMS = {  # name -> documentation; bounds from max_model_len
+    "vllm:request_prompt_tokens": "Number of prefill tokens processed.",
+    "vllm:request_generation_tokens": "Number of generation tokens processed.",
 }
 _HISTOGRAMS = {  # name -> (bucket bounds, documentation)
     "vllm:time_to_first_token_seconds": (TTFT_BUCKETS, "Histogram of time to first token in seconds."),
@@ -65,9 +82,10 @@ class _Buckets:
 class EngineMetrics:
     """``model_name``: the ``model_name`` label; ``prefix_caching``: whether admissions query the prefix
     cache; ``num_speculative_tokens``: k with speculative decoding (its metrics appear only then, as
-    vLLM's), else None."""
+    vLLM's), else None; ``max_model_len`` bounds the token-count histograms' buckets."""
 
-    def __init__(self, model_name: str, prefix_caching: bool, num_speculative_tokens: int | None = None):
+    def __init__(self, model_name: str, prefix_caching: bool, num_speculative_tokens: int | None = None,
+                 max_model_len: int = 2048):
         self._lock = threading.Lock()
         self.labels = {"engine": "0", "model_name": model_name}
         self.prefix_caching = prefix_caching
@@ -76,9 +94,18 @@ class EngineMetrics:
         self._accepted_per_pos = [0] * (num_speculative_tokens or 0)
         self._success = dict.fromkeys(FINISH_REASONS, 0)
         self._histograms = {name: _Buckets(bounds) for name, (bounds, _) in _HISTOGRAMS.items()}
+        token_bounds = build_1_2_5_buckets(max_model_len)
+        self._histograms.update({name: _Buckets(token_bounds) for name in _TOKEN_HISTOGRAMS})
         self._gauges = {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0,
                         "vllm:kv_cache_usage_perc": 0.0}
         self._last_token_time: dict[str, float] = {}  # request id -> when its latest tokens arrived
+
+    @classmethod
+    def for_engine(cls, config, spec_config) -> EngineMetrics:
+        """The metrics of an engine with this EngineConfig (validated) and SpeculativeConfig (or None)."""
+        return cls(config.model, config.enable_prefix_caching and config.kv_layout == "paged",
+                   None if spec_config is None else spec_config.max_num_speculative_tokens,
+                   config.max_model_len)
 
     # -- recording (engine and scheduler) --------------------------------------------------------
     def record_admission(self, request, num_cached_tokens: int) -> None:
@@ -145,6 +172,8 @@ class EngineMetrics:
         if request.finish_time is not None:
             self._histograms["vllm:e2e_request_latency_seconds"].observe(
                 request.finish_time - request.arrival_time)
+        self._histograms["vllm:request_prompt_tokens"].observe(len(request.prompt_token_ids))
+        self._histograms["vllm:request_generation_tokens"].observe(len(request.output_token_ids))
 
     def record_state(self, scheduler, pool) -> None:
         """The gauges, from the scheduler's queues and the block pool now (after a step, or an abort).
@@ -180,8 +209,9 @@ class EngineMetrics:
                                   list(self._accepted_per_pos),
                                   documentation="Accepted tokens per draft position."))
             for name, h in self._histograms.items():
+                doc = _TOKEN_HISTOGRAMS.get(name) or _HISTOGRAMS[name][1]
                 out.append(Histogram(name, dict(labels), sum(h.counts), h.sum, h.cumulative(),
-                                     documentation=_HISTOGRAMS[name][1]))
+                                     documentation=doc))
         return out
 
 
