@@ -224,8 +224,8 @@ class SamplingParams:
                              f"bad_words={self.bad_words!r}")
         t = self.truncate_prompt_tokens
         if t is not None and (not _is_int(t) or (t < 1 and t != -1)):
-            raise ValueError(f"truncate_prompt_tokens must be None, -1 (keep max_model_len - 1 "
-                             f"tokens) or an integer >= 1, got {t!r}")
+            raise ValueError(f"truncate_prompt_tokens must be an integer >= 1 or -1, got {t!r} (-1 keeps "
+                             "the last max_model_len - 1 tokens; None keeps the whole prompt)")
         if not isinstance(self.detokenize, bool):
             raise ValueError(f"detokenize must be True or False, got {self.detokenize!r}")
         if not self.detokenize and self.stop:

@@ -36,6 +36,7 @@ VLLM_PHRASES = [
     (dict(stop=["a"], detokenize=False), "stop strings are only supported when detokenize is True"),
     (dict(bad_words=["a", ""]), "bad_words cannot contain an empty string"),
     (dict(allowed_token_ids=[]), "allowed_token_ids is not None and empty!"),
+    (dict(truncate_prompt_tokens=0), "truncate_prompt_tokens must be an integer >= 1 or -1, got 0"),
     (dict(logit_bias={"x": 1.0}), "logit_bias contains key(s) that cannot be converted to integer token IDs"),
 ]
 
