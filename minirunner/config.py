@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from minirunner.engine.request_queue import check_policy
+
 # architecture name -> (q/k/v projections carry a bias, per-head RMSNorm on q and k)
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": (None, False),
@@ -36,6 +38,28 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"dtype {dtype!r} is not supported; use 'auto', 'float32', 'bfloat16' "
                          "or 'float16'")
     return _DTYPES[dtype]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """The torch device for LLM(device=...): "auto" is CUDA when present, else the CPU."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but no CUDA device is available; "
+                         "use device='cpu'")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device} is not supported; use 'cpu', 'cuda' or 'auto'")
+    return device
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device, config_dtype: str | None):
+    """The weights' dtype for LLM(dtype=...): "auto" is float32 on a CPU, else the config's half type."""
+    if dtype != "auto":
+        return parse_dtype(dtype)
+    if device.type == "cpu":
+        return torch.float32  # exact and fast enough for the small models a CPU runs
+    return parse_dtype(config_dtype) if config_dtype in ("bfloat16", "float16") else torch.bfloat16
 
 
 @dataclass(frozen=True)
@@ -160,6 +184,7 @@ class EngineConfig:
     tokenizer_mode: str = "auto"  # "auto" / "hf": the fast tokenizer when there is one; "slow"
     max_logprobs: int = 20  # the most logprobs / prompt_logprobs a request may ask for (vLLM's default)
     tensor_parallel_size: int = 1  # ranks the model is sharded over (minirunner/distributed/tp_runner.py)
+    scheduling_policy: str = "fcfs"  # or "priority" (vLLM's): engine/request_queue.py
 
     def validate(self, model_config: ModelConfig) -> None:
         from minirunner.worker.cudagraph import capture_sizes
@@ -182,6 +207,7 @@ class EngineConfig:
                                                         and self.num_threads >= 1)):
             raise ValueError(f"num_threads must be 'auto', None (leave torch's setting) or an integer "
                              f">= 1, got {self.num_threads!r}")
+        check_policy(self.scheduling_policy)
         if self.kv_layout not in KV_LAYOUTS:
             raise ValueError(f"kv_layout must be one of {list(KV_LAYOUTS)}, got {self.kv_layout!r}")
         if self.kv_layout != "paged" and self.enable_prefix_caching:

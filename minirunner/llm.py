@@ -21,9 +21,10 @@ import torch
 from tqdm.auto import tqdm
 
 from minirunner.assets import default_model_dir
-from minirunner.config import EngineConfig, ModelConfig, parse_dtype
+from minirunner.config import EngineConfig, ModelConfig, resolve_device, resolve_dtype
 from minirunner.engine.engine import LLMEngine
 from minirunner.engine.input_processor import split_prompts, validate_batch
+from minirunner.engine.request_queue import check_priorities
 from minirunner.generation_config import sampling_defaults
 from minirunner.llm_args import (
     check_named_vllm_args,
@@ -37,26 +38,6 @@ from minirunner.tokenizer import render_chat
 
 # A prompt: text, token ids, or vLLM's TextPrompt {"prompt": str} / TokensPrompt {"prompt_token_ids": [...]}
 Prompt = str | list[int] | dict
-
-
-def _resolve_device(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' was asked for but no CUDA device is available; "
-                         "use device='cpu'")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device {device} is not supported; use 'cpu', 'cuda' or 'auto'")
-    return device
-
-
-def _resolve_dtype(dtype: str | torch.dtype, device: torch.device, config_dtype: str | None):
-    if dtype != "auto":
-        return parse_dtype(dtype)
-    if device.type == "cpu":
-        return torch.float32  # exact and fast enough for the small models a CPU runs
-    return parse_dtype(config_dtype) if config_dtype in ("bfloat16", "float16") else torch.bfloat16
 
 
 class LLM:
@@ -74,7 +55,8 @@ class LLM:
                  trust_remote_code: bool = False, tensor_parallel_size: int = 1,
                  max_logprobs: int = 20, generation_config: str = "auto",
                  kv_cache_dtype: str = "auto", enable_chunked_prefill: bool | None = None,
-                 disable_log_stats: bool = True, swap_space: float | None = None, **kwargs):
+                 disable_log_stats: bool = True, swap_space: float | None = None,
+                 scheduling_policy: str = "fcfs", **kwargs):
         """``graph_mode``: "auto" (cuda on a CUDA device, none on a CPU), "none" (eager), "cuda" (a CUDA
         graph per decode bucket), "compile" (torch.compile per bucket: the CPU analogue).
         ``enforce_eager=True`` is vLLM's name for graph_mode="none". ``cudagraph_capture_sizes``: the
@@ -95,7 +77,7 @@ class LLM:
             if not (Path(model) / "config.json").is_file():
                 raise ValueError("the embedded default model is missing from this installation; "
                                  "pass model=<checkpoint directory>")
-        device = _resolve_device(device)
+        device = resolve_device(device)
         if enforce_eager:
             if graph_mode not in ("auto", "none"):
                 raise ValueError(f"enforce_eager=True asks for eager steps but graph_mode={graph_mode!r} "
@@ -107,7 +89,7 @@ class LLM:
             random.seed(engine_seed)
             np.random.seed(engine_seed % 2**32)
         config = EngineConfig(
-            model=str(model), dtype=_resolve_dtype(dtype, device, model_config.config_dtype),
+            model=str(model), dtype=resolve_dtype(dtype, device, model_config.config_dtype),
             device=device, block_size=block_size, num_kv_blocks=num_kv_blocks,
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             gpu_memory_utilization=gpu_memory_utilization,
@@ -118,7 +100,8 @@ class LLM:
             cudagraph_capture_sizes=cudagraph_capture_sizes,
             speculative_config=speculative_config, async_scheduling=async_scheduling,
             tokenizer=None if tokenizer is None else str(tokenizer), tokenizer_mode=tokenizer_mode,
-            max_logprobs=max_logprobs, tensor_parallel_size=tensor_parallel_size)
+            max_logprobs=max_logprobs, tensor_parallel_size=tensor_parallel_size,
+            scheduling_policy=scheduling_policy)
         generation_dir = resolve_generation_config(generation_config, str(model))
         self._default_sampling = {} if generation_dir is None else sampling_defaults(generation_dir)
         self.engine = LLMEngine(config, model_config)
@@ -157,9 +140,11 @@ class LLM:
         return True
 
     # -- batch generation -----------------------------------------------------------------------
-    def _submit(self, prompts, sampling_params) -> list[str]:
-        """Validate every prompt, then queue them all; returns their request ids in prompt order."""
+    def _submit(self, prompts, sampling_params, priority: Sequence[int] | None = None) -> list[str]:
+        """Validate every prompt (and priority), then queue them all; returns their request ids in prompt
+        order."""
         prompts = split_prompts(prompts)
+        priority = check_priorities(priority, len(prompts), self.engine.config.scheduling_policy)
         if not prompts:
             raise ValueError("prompts is empty: give at least one prompt")
         if sampling_params is None:
@@ -174,8 +159,8 @@ class LLM:
         processed = validate_batch(self.engine.process_input, prompts, params_list)
         ids: list[str] = []
         try:
-            for p in processed:
-                ids.append(self.engine.add_request(p))
+            for p, rank in zip(processed, priority, strict=True):
+                ids.append(self.engine.add_request(p, priority=rank))
         except BaseException:
             self.engine.abort_all(ids)
             raise
@@ -189,12 +174,13 @@ class LLM:
 
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
         """Generate for every prompt; outputs in prompt order. A prompt is a string, a list of token
         ids, or vLLM's {"prompt": str} / {"prompt_token_ids": [...]}. ``sampling_params`` None: the
-        model's defaults (get_default_sampling_params). Raises ValueError, running nothing, when any
-        prompt is refused."""
-        ids = self._submit(prompts, sampling_params)
+        model's defaults (get_default_sampling_params). ``priority``: one integer per prompt, lower
+        served first (needs LLM(scheduling_policy="priority") unless all 0). Raises ValueError, running
+        nothing, when any prompt is refused."""
+        ids = self._submit(prompts, sampling_params, priority)
         bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
         done: set[str] = set()
         try:
@@ -213,13 +199,13 @@ class LLM:
 
     def stream(self, prompts: Prompt | list[Prompt],
                sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-               ) -> Iterator[StreamChunk]:
+               priority: list[int] | None = None) -> Iterator[StreamChunk]:
         """Yield each completion's new tokens and text as the engine produces them (one chunk per
         completion per step). Text is held back while it may still become a stop string or is an
         incomplete character, so a completion's chunks concatenate to exactly its final text. A
         completion's last chunk has ``finished=True``; the chunk that finishes a prompt's last
         completion carries the RequestOutput. Prompts are validated as in ``generate``."""
-        index = {s: i for i, s in enumerate(self._submit(prompts, sampling_params))}
+        index = {s: i for i, s in enumerate(self._submit(prompts, sampling_params, priority))}
         engine = self.engine
         try:
             while engine.has_unfinished_requests():
@@ -266,9 +252,8 @@ class LLM:
         folder = trace_dir or os.environ.get("VLLM_TORCH_PROFILER_DIR") or \
             Path(tempfile.gettempdir()) / "minirunner_profile"
         self._profile_dir = Path(folder)
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if self.engine.config.device.type == "cuda":
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        activities = [torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if self.engine.config.device.type == "cuda" else [])
         self._profiler = torch.profiler.profile(activities=activities)
         self._profiler.start()
 
@@ -287,9 +272,12 @@ class LLM:
 
     # -- introspection --------------------------------------------------------------------------
     def get_step_trace(self) -> list[dict]:
-        """One dict per engine step (see ``minirunner.engine.trace.StepTrace``; the last 10,000 steps): plain
-        data for plots."""
+        """One dict per engine step (``minirunner.engine.trace.StepTrace``; the last 10,000 steps)."""
         return [asdict(t) for t in self.engine.trace]
+
+    def get_metrics(self) -> list:
+        """vLLM's: Counter / Gauge / Histogram / Vector records (minirunner.metrics), a snapshot."""
+        return self.engine.get_metrics()
 
     def get_spec_metrics(self) -> dict | None:
         """Engine-wide speculative-decoding metrics (``SpecStats.as_dict()``), None without speculation."""

@@ -9,6 +9,7 @@ vocabulary, ``max_logprobs``, bad words' tokens) happen at admission (minirunner
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,48 +135,62 @@ class SamplingParams:
             self.logprobs = 1
         if self.prompt_logprobs is True:
             self.prompt_logprobs = 1
-        if not _is_int(self.n) or self.n < 1:
-            raise ValueError(f"n must be an integer >= 1 (the number of completions), got {self.n!r}")
-        if not _is_number(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
-        if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not _is_int(self.top_k) or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (off), 0 (off) or a positive integer, got "
-                             f"{self.top_k!r}")
-        if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}")
+        # Each message contains vLLM's own (vllm/sampling_params.py), so code matching on it still works.
+        if not _is_int(self.n):
+            raise ValueError(f"n must be an int, but is of type {type(self.n)} (the number of completions)")
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n} (the number of completions)")
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):  # NaN slips through a range check; inf through a bound
+            value = getattr(self, name)
+            if not _is_number(value) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature} (0 = greedy)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r} (1 = off)")
+        if not _is_int(self.top_k):
+            raise ValueError(f"top_k must be an integer, got {type(self.top_k).__name__} {self.top_k!r}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be 0 (disable), or at least 1, got {self.top_k} (-1 also "
+                             "disables it)")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r} (0 = off)")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
-            if not _is_number(value) or not -2.0 <= value <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2] (0 = off), got {value!r}")
-        if not _is_number(self.repetition_penalty) or not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0 (1 = off, > 1 discourages repeats), "
-                             f"got {self.repetition_penalty!r}")
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value!r} (0 = off)")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be greater than zero, got {self.repetition_penalty!r} "
+                             "(1 = off, > 1 discourages repeats)")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            raise ValueError(f"max_tokens must be an integer >= 1 (or None), got "
-                             f"{self.max_tokens!r}")
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens!r} (an integer, or "
+                             "None: up to max_model_len)")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+            raise ValueError(f"min_tokens must be greater than or equal to 0, got {self.min_tokens!r} "
+                             "(an integer: the tokens generated before EOS or a stop token may end it)")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens "
-                             f"({self.max_tokens}): lower min_tokens or raise max_tokens")
+            raise ValueError(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
+                             f"got {self.min_tokens}: lower min_tokens or raise max_tokens")
         if self.seed is not None and not _is_int(self.seed):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError("stop must be a non-empty string or a list of non-empty strings")
+        if any(not isinstance(s, str) for s in self.stop):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop cannot contain an empty string: give non-empty stop strings")
         self.stop_token_ids = list(self.stop_token_ids or [])
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+            raise ValueError(f"stop_token_ids must contain only integers, got {self.stop_token_ids!r} "
+                             "(token ids >= 0)")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < 0):
-                raise ValueError(f"{name} must be None or an integer >= 0 (how many top alternatives "
-                                 f"per token; -1, the whole vocabulary, is not supported), got "
-                                 f"{value!r}")
+                raise ValueError(f"{name} must be non-negative or -1, got {value!r}; here None or an "
+                                 "integer >= 0 (how many top alternatives per token): -1, the whole "
+                                 "vocabulary, is not supported")
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise ValueError("logit_bias must be a dict {token_id: bias}")
@@ -183,10 +198,10 @@ class SamplingParams:
             for token, value in self.logit_bias.items():
                 token = int(token) if isinstance(token, str) and token.isdigit() else token
                 if not _is_int(token) or token < 0:
-                    raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got "
-                                     f"{token!r}")
+                    raise ValueError(f"logit_bias contains key(s) that cannot be converted to integer "
+                                     f"token IDs: {token!r}; logit_bias keys must be token ids >= 0")
                 if not _is_number(value) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
-                    raise ValueError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, "
+                    raise ValueError(f"logit_bias values must be finite numbers in [-{MAX_LOGIT_BIAS:g}, "
                                      f"{MAX_LOGIT_BIAS:g}], got {value!r} for token {token}")
                 bias[token] = float(value)
             self.logit_bias = bias
@@ -196,8 +211,8 @@ class SamplingParams:
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = list(self.allowed_token_ids)
             if not self.allowed_token_ids:
-                raise ValueError("allowed_token_ids is empty: give at least one token id, or None to "
-                                 "allow every token")
+                raise ValueError("allowed_token_ids is not None and empty! Give at least one token id, "
+                                 "or None to allow every token")
             if any(not _is_int(t) or t < 0 for t in self.allowed_token_ids):
                 raise ValueError(f"allowed_token_ids must be token ids (integers >= 0), got "
                                  f"{self.allowed_token_ids!r}")
@@ -205,16 +220,18 @@ class SamplingParams:
             raise ValueError("bad_words must be a list of strings, e.g. bad_words=['word']")
         self.bad_words = list(dict.fromkeys(self.bad_words or []))
         if any(not isinstance(w, str) or not w.strip() for w in self.bad_words):
-            raise ValueError(f"bad_words must be non-empty strings, got {self.bad_words!r}")
+            raise ValueError(f"bad_words cannot contain an empty string: give non-empty strings, got "
+                             f"bad_words={self.bad_words!r}")
         t = self.truncate_prompt_tokens
         if t is not None and (not _is_int(t) or (t < 1 and t != -1)):
-            raise ValueError(f"truncate_prompt_tokens must be None, -1 (keep max_model_len - 1 "
-                             f"tokens) or an integer >= 1, got {t!r}")
+            raise ValueError(f"truncate_prompt_tokens must be an integer >= 1 or -1, got {t!r} (-1 keeps "
+                             "the last max_model_len - 1 tokens; None keeps the whole prompt)")
         if not isinstance(self.detokenize, bool):
             raise ValueError(f"detokenize must be True or False, got {self.detokenize!r}")
         if not self.detokenize and self.stop:
-            raise ValueError("stop strings need detokenize=True (they are matched in the text): use "
-                             "stop_token_ids, or set detokenize=True")
+            raise ValueError("stop strings are only supported when detokenize is True. Set "
+                             "detokenize=True to use stop (they are matched in the text), or use "
+                             "stop_token_ids")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
         if self.extra_args is not None and not isinstance(self.extra_args, dict):

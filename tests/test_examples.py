@@ -17,7 +17,7 @@ for path in sys.argv[1:]:
     runpy.run_path(path, run_name="__main__")
 """
 SCRIPTS = ["basic.py", "generate_defaults.py", "prefix_caching.py", "reproducibility.py",
-           "reproducibility.py", "simple_profiling.py"]
+           "reproducibility.py", "simple_profiling.py", "metrics.py"]
 
 
 def test_the_vllm_style_examples_run_and_show_what_they_claim(tmp_path):
@@ -37,5 +37,9 @@ def test_the_vllm_style_examples_run_and_show_what_they_claim(tmp_path):
     assert len(cached) == 4 and min(cached) > 0
     first, second = out["reproducibility.py"]
     assert first.split("\n", 1)[1] == second.split("\n", 1)[1], "same seed, same texts and number"
+    metrics = out["metrics.py"][0]  # four prompts: four requests finished, each after its first token
+    finished = re.findall(r"vllm:request_success \(counter\) = (\d+)", metrics)
+    assert sum(map(int, finished)) == 4, metrics
+    assert re.search(r"time_to_first_token_seconds \(histogram\)\n    sum = [\d.]+\n    count = 4\n", metrics)
     traces = list((tmp_path / "vllm_profile").glob("*.json"))
     assert len(traces) == 1 and str(traces[0].name) in out["simple_profiling.py"][0]

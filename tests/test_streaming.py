@@ -170,3 +170,47 @@ def test_every_stop_condition_streams_exactly(metaspace_llm, how):
         assert first.finish_reason == "length" and first.text == free.outputs[0].text
     elif how == "n=3":
         assert [c.index for c in out.outputs] == [0, 1, 2]
+
+
+def test_a_stop_string_may_begin_inside_min_tokens(tmp_path):
+    # vLLM's example: one letter per token, stop=["cd"], min_tokens=3 on "abcdef" gives "ab" and stop
+    # reason "cd": the match must end after the first 3 tokens' text, and may begin inside it.
+    add_tokenizer(tmp_path)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    ids = tok.convert_tokens_to_ids(list("abcdef"))
+    assert tok.decode(ids) == "abcdef"
+    for stop, expected in ((["cd"], "ab"), (["bc"], None), (["abcd"], "")):
+        detok = IncrementalDetokenizer(tok, stop=stop, min_tokens=3)
+        sent, stopped = "", None
+        for t in ids:
+            stopped = detok.append(t)
+            sent += detok.take_delta()
+            if stopped:
+                break
+        detok.finish(stopped_by_string=stopped is not None)
+        sent += detok.take_delta()
+        if expected is None:  # "bc" ends inside the first 3 tokens' text: never a stop
+            assert stopped is None and sent == detok.output_text == "abcdef"
+        else:
+            assert stopped == stop[0] and sent == detok.output_text == expected
+
+
+def test_stop_straddling_min_tokens_stops_the_request(metaspace_llm):
+    llm = metaspace_llm
+    prompt, m = "the quick", 4
+    params = dict(temperature=0, max_tokens=16, ignore_eos=True)
+    full = llm.generate([prompt], SamplingParams(**params), use_tqdm=False)[0].outputs[0].text
+    head = llm.generate([prompt], SamplingParams(**{**params, "max_tokens": m}),
+                        use_tqdm=False)[0].outputs[0].text
+    assert full.startswith(head) and len(full) > len(head)
+    boundary = len(head)  # the text of the first min_tokens tokens
+    stop = full[boundary - 1:boundary + 1]  # its last character and the next one
+    # vLLM's rule, independently: the first occurrence that ends after the boundary
+    pos = next(p for p in range(len(full)) if full.startswith(stop, p) and p + len(stop) > boundary)
+    sampling = SamplingParams(**params, stop=[stop], min_tokens=m)
+    texts, finals = _stream(llm, [prompt], sampling)
+    final = finals[0].outputs[0]
+    assert (final.finish_reason, final.stop_reason) == ("stop", stop)
+    assert final.text == full[:pos] == texts[(0, 0)]

@@ -88,7 +88,8 @@ def build_engine(config: EngineConfig, mc: ModelConfig) -> EngineParts:
                              draft_q=spec_config is not None and spec_config.method == "draft_model")
     spec = None if spec_config is None else Speculator(spec_config, config, num_blocks)
     return EngineParts(model, spec_config, num_blocks, backend, kv,
-                       Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens), runner, spec,
+                       Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens,
+                                 config.scheduling_policy), runner, spec,
                        num_threads)
 
 

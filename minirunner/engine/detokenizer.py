@@ -27,7 +27,7 @@ class IncrementalDetokenizer:
 
     __slots__ = ("tokenizer", "skip_special_tokens", "stop", "include_stop", "min_tokens",
                  "token_ids", "prefix_offset", "read_offset", "_text", "num_sent", "finished",
-                 "stop_check_offset", "num_context")
+                 "num_context")
 
     def __init__(self, tokenizer, skip_special_tokens: bool = True, stop: list[str] = (),
                  include_stop_str_in_output: bool = False, min_tokens: int = 0,
@@ -45,7 +45,6 @@ class IncrementalDetokenizer:
         self._text = ""
         self.num_sent = 0  # characters of output_text already streamed
         self.finished = False
-        self.stop_check_offset = 0  # stop strings match only text after the first min_tokens tokens
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
@@ -78,9 +77,9 @@ class IncrementalDetokenizer:
         delta = self._advance()
         if not delta:
             return None
-        # As vLLM: stop strings are looked for only in text that follows the first min_tokens tokens.
+        # As vLLM: a stop string must end in text that follows the first min_tokens tokens (it may
+        # begin inside them: "cd" stops "abcdef" at "ab" with min_tokens=3, one letter per token).
         if len(self.token_ids) - self.num_context <= self.min_tokens:
-            self.stop_check_offset = len(self._text)
             return None
         return self._find_stop(len(delta))
 
@@ -89,8 +88,9 @@ class IncrementalDetokenizer:
         wins (even when a later one in the list occurs earlier in the text)."""
         text = self._text
         for stop in self.stop:
-            # A new match must end inside the new characters.
-            start = max(self.stop_check_offset, len(text) - num_new_chars - len(stop) + 1)
+            # A new match must end inside the new characters: search from len(stop) - 1 characters
+            # before the first of them (vLLM's StopChecker.check_stop_strings).
+            start = max(0, len(text) - num_new_chars - len(stop) + 1)
             pos = text.find(stop, start)
             if pos >= 0:
                 self._text = text[:pos + len(stop)] if self.include_stop else text[:pos]

@@ -26,8 +26,11 @@ from minirunner.engine.input_processor import InputProcessor, ProcessedPrompt
 from minirunner.engine.output_processor import OutputProcessor
 from minirunner.engine.parallel_sampling import child_id, child_seed
 from minirunner.engine.request import Request
+from minirunner.engine.request_queue import check_priority
 from minirunner.engine.trace import StepTracer
 from minirunner.generation_config import generation_eos_ids
+from minirunner.metrics.reader import Metric
+from minirunner.metrics.stats import EngineMetrics
 from minirunner.outputs import RequestOutput, build_request_output
 from minirunner.sampling_params import SamplingParams
 from minirunner.spec_decode.async_utils import sync_check
@@ -70,6 +73,8 @@ class LLMEngine:
                                               config.max_logprobs, self.kv.reservation_blocks,
                                               lambda: self.num_kv_blocks, config.kv_layout == "paged")
         self.output_processor = OutputProcessor(self.tokenizer, self.kv)
+        self.metrics = EngineMetrics.for_engine(config, parts.spec_config)  # the one set: get_metrics
+        self.scheduler.metrics = self.metrics  # admissions are prefix-cache queries
         self.tracer = StepTracer(self.kv, self.scheduler, config.block_size, config.trace_block_tables)
         self.trace = self.tracer.trace
         self.requests: dict[str, Request] = {}  # every live completion, by its own id
@@ -86,10 +91,11 @@ class LLMEngine:
         return self.input_processor.process(prompt, params or SamplingParams())
 
     def add_request(self, prompt, params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
+                    request_id: str | None = None, priority: int = 0) -> str:
         """Validate and queue one request (a prompt in any of vLLM's forms, or a ProcessedPrompt);
-        returns its id. Raises ValueError (queueing nothing, every other request still served) for a
-        bad prompt or a request whose KV cannot fit in the pool even alone."""
+        returns its id. Raises ValueError (queueing nothing, every other request still served) for a bad
+        prompt, a KV need over the whole pool, or a non-zero ``priority`` under the "fcfs" policy."""
+        check_priority(priority, self.config.scheduling_policy)
         if not isinstance(prompt, ProcessedPrompt):
             prompt = self.process_input(prompt, params)
         token_ids, params = prompt.token_ids, prompt.params
@@ -103,7 +109,7 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         group = [Request(cid, token_ids, params, child_seed(seed, i), max_len,
                          frozenset() if params.ignore_eos else self.eos_token_ids,
-                         prompt=prompt.text,
+                         prompt=prompt.text, priority=priority,
                          group_id=request_id, index=i) for i, cid in enumerate(ids)]
         for request in group:
             if self.tokenizer is not None and params.detokenize:
@@ -130,8 +136,10 @@ class LLMEngine:
                 continue
             self.free_request(request)
             request.finish("abort")
+            self.metrics.record_finished(request)
             if request.detok is not None:
                 request.detok.finish()
+        self.metrics.record_state(self.scheduler, self.block_pool)
 
     def abort_all(self, request_ids) -> None:
         """Abort and forget these requests (a stream left early, or an error in the caller). Only
@@ -206,11 +214,13 @@ class LLMEngine:
                                           {rid for rid, r in self.requests.items() if not r.is_finished},
                                           self.scheduler.may_join())
         sched = self.scheduler.schedule()
+        self.metrics.record_schedule(len(sched.preempted))
         for request_id in sched.preempted:
             self.runner.free_request(request_id)
         if not sched.scheduled:
             self.tracer.record(sched, [], self.tracer.occupancy(), 0, time.perf_counter() - t0,
                                StepGraphInfo())
+            self.metrics.record_state(self.scheduler, self.block_pool)
             return None
         t1 = time.perf_counter()
         try:
@@ -234,6 +244,8 @@ class LLMEngine:
             if not request.is_finished:
                 self.free_request(request)
                 request.finish("abort")
+                self.metrics.record_finished(request)
+        self.metrics.record_state(self.scheduler, self.block_pool)
 
     def _finish(self, step: InFlightStep, end_chain: bool = True) -> EngineStep:
         """Read a launched step (waiting for it only) and apply it: tokens with stop checks, forks,
@@ -257,10 +269,15 @@ class LLMEngine:
         occupancy = self.tracer.occupancy()  # the step's peak: before finished requests free blocks
         for request in applied.done:
             self.free_request(request)
+        self.metrics.record_step(applied.produced, spec_runs, self.scheduler, self.block_pool)
         self.tracer.record(step.sched, applied.finished, occupancy,
                            sum(len(tokens) for _, tokens in applied.produced), time.perf_counter() - step.t0,
                            out.graph, spec_runs, step.propose_s, step.verify_s, step.ahead or step.chained)
         return EngineStep(applied.produced, out)
+
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's metric records, now (minirunner/metrics/stats.py); safe from another thread."""
+        return self.metrics.snapshot()
 
     def take_text_delta(self, request: Request) -> str:
         """Text of ``request`` not streamed yet that can never be taken back (see detokenizer.py)."""

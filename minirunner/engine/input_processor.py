@@ -44,6 +44,14 @@ def _is_token_ids(value) -> bool:
         isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
+# vLLM's messages for token ids outside the vocabulary (vllm/v1/engine/input_processor.py)
+_OUT_OF_VOCAB = {
+    "allowed_token_ids": lambda bad: "allowed_token_ids contains out-of-vocab token id!",
+    "logit_bias": lambda bad: f"token_id(s) {bad[:5]} in logit_bias contain out-of-vocab token ids.",
+    "stop_token_ids": lambda bad: f"Token id {bad[0]} in stop_token_ids is out of vocabulary.",
+}
+
+
 def split_prompts(prompts) -> list:
     """The prompts of one ``generate`` call as a list (a single prompt becomes a list of one).
     Raises TypeError naming what was passed when it is none of vLLM's prompt forms."""
@@ -132,15 +140,17 @@ class InputProcessor:
             if len(token_ids) > keep:
                 token_ids, text = token_ids[-keep:], None  # vLLM keeps the last tokens
         if not token_ids:
-            raise ValueError("the prompt is empty: give at least one token")
+            raise ValueError("Prompt cannot be empty: give at least one token")  # vLLM's phrase first
         if len(token_ids) >= max_model_len:
-            raise ValueError(f"the prompt has {len(token_ids)} tokens but max_model_len is "
+            longer = f"The decoder prompt (length {len(token_ids)}) is longer than the maximum model " \
+                f"length of {max_model_len}. " if len(token_ids) > max_model_len else ""
+            raise ValueError(f"{longer}the prompt has {len(token_ids)} tokens but max_model_len is "
                              f"{max_model_len}, which leaves no room to generate: shorten the prompt, "
                              "raise max_model_len, or pass truncate_prompt_tokens")
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, "
-                             f"{self.vocab_size}): use ids of this model's tokenizer")
+            raise ValueError(f"Token id {bad[0]} is out of vocabulary: token ids {bad[:5]} are outside "
+                             f"the vocabulary [0, {self.vocab_size}): use ids of this model's tokenizer")
         params = self._check_params(params)
         max_len = max_model_len if params.max_tokens is None else min(
             max_model_len, len(token_ids) + params.max_tokens)
@@ -155,15 +165,17 @@ class InputProcessor:
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and value > self.max_logprobs:
-                raise ValueError(f"{name}={value} is more than max_logprobs={self.max_logprobs}: ask "
-                                 "for fewer, or raise LLM(max_logprobs=...)")
+                kind = "sample" if name == "logprobs" else "prompt"
+                raise ValueError(f"Requested {kind} logprobs of {value}, which is greater than max allowed: "
+                                 f"{self.max_logprobs} ({name}={value} is more than max_logprobs="
+                                 f"{self.max_logprobs}): ask for fewer, or raise LLM(max_logprobs=...)")
         vocab = self.vocab_size
         for name, ids in (("allowed_token_ids", params.allowed_token_ids or ()),
                           ("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
             bad = sorted(t for t in ids if t >= vocab)
             if bad:
-                raise ValueError(f"{name} names token ids {bad[:5]} outside the vocabulary [0, {vocab}): "
-                                 "use ids of this model's tokenizer")
+                raise ValueError(f"{_OUT_OF_VOCAB[name](bad)} ({name} names token ids {bad[:5]} outside "
+                                 f"the vocabulary [0, {vocab}): use ids of this model's tokenizer)")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer but this model directory has none: use "
                              "stop_token_ids instead")

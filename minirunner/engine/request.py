@@ -33,6 +33,7 @@ class Request(RunnableSequence):
     max_len: int  # prompt + max_tokens, capped at max_model_len
     eos_token_ids: frozenset[int] = frozenset()
     prompt: str | None = None
+    priority: int = 0  # with LLM(scheduling_policy="priority"): lower is served first (request_queue.py)
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = 0  # of those, how many came from the prefix cache at admission

@@ -2,8 +2,10 @@
 
 Owns which requests run each step and how many of their tokens, under a per-step token budget
 (``max_num_batched_tokens``) and ``max_num_seqs``. Running requests go first (decode tokens and
-unfinished prefill chunks); when the pool runs dry the newest running request is preempted (its blocks
-freed, its tokens recomputed later); waiting requests are admitted FCFS while budget and blocks last.
+unfinished prefill chunks); when the pool runs dry the newest running request (with the priority
+policy: the least urgent) is preempted (its blocks freed, its tokens recomputed later); waiting requests
+are admitted in the queue's order (FCFS, or by priority: engine/request_queue.py) while budget and
+blocks last.
 It never runs the model.
 
 Liveness: every step with work schedules tokens or preempts, else it raises. The only waiting requests
@@ -16,10 +18,10 @@ is always safe (blocks are ref-counted), and it costs less than preempting a run
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from dataclasses import dataclass, field
 
 from minirunner.engine.request import Request, RequestStatus
+from minirunner.engine.request_queue import create_request_queue
 from minirunner.kv.manager import KVCacheManager
 
 
@@ -54,12 +56,14 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 policy: str = "fcfs"):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Request] = deque()
+        self.waiting = create_request_queue(policy)  # FCFS (a deque) or by priority: request_queue.py
         self.running: list[Request] = []
+        self.metrics = None  # the engine's EngineMetrics: admissions are prefix-cache queries
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -85,7 +89,8 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
 
-        # 1. Running requests, oldest first; preempt the newest when blocks run out.
+        # 1. Running requests, oldest (or, by priority, most urgent) first; preempt from the end of the
+        # list (the newest, or the least urgent) when blocks run out.
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
@@ -115,16 +120,17 @@ class Scheduler:
                 continue
             break  # the request preempted itself: nothing older is left to schedule
 
-        # 2. Waiting requests, FCFS, unless this step already had to preempt.
+        # 2. Waiting requests in the queue's order, unless this step already had to preempt.
         while self.waiting and not out.preempted and budget > 0 \
                 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             if request.num_output_placeholders:
-                break  # preempted with a token in flight: admitted once it is read (FCFS)
+                break  # preempted with a token in flight: admitted once it is read (in order)
             cached = self.kv.find_cached_prefix(request)
             remaining = request.num_tokens - request.num_computed_tokens \
                 - len(cached) * self.kv.block_size
             num_new = min(remaining, budget)
+            fresh = request.num_computed_tokens == 0 and request.num_preemptions == 0
             # Admit only while every running request could still grow by one block: admitting into
             # the last free blocks just forces a preemption (and a recompute) a few steps later.
             if not self.kv.allocate(request, num_new, cached, headroom=len(self.running)):
@@ -133,10 +139,12 @@ class Scheduler:
                 if not self.running and self._release_waiting_blocks(keep=request):
                     continue
                 break
+            if fresh and self.metrics is not None:
+                self.metrics.record_admission(request, len(cached) * self.kv.block_size)
             self.kv.cache_full_blocks(request, request.num_computed_tokens + num_new)
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
-            self.running.append(request)
+            self.waiting.add_running(self.running, request)
             out.scheduled.append(ScheduledRequest(request, num_new))
             budget -= num_new
         if not out.scheduled and not out.preempted and self.has_unfinished() and not any(
@@ -150,7 +158,7 @@ class Scheduler:
         return out
 
     def may_join(self) -> list[Request]:
-        """The waiting requests the next schedule() could admit (FCFS, one per free seat)."""
+        """The waiting requests the next schedule() could admit (in queue order, one per free seat)."""
         seats = max(0, self.max_num_seqs - len(self.running))
         return list(itertools.islice(self.waiting, seats))
 
