@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from simulators.exercises import Exercise, ImplementIt, Verdict, parse_choice, parse_float
 
-__all__ = ["DecodeModel", "step_bytes", "step_flops", "floors_us", "saturation_batch", "attention_intensity",
-           "make_floor_exercise", "make_floor_task", "make_saturation_exercise"]
+__all__ = ["DecodeModel", "roofline_step", "step_bytes", "step_flops", "floors_us", "saturation_batch",
+           "attention_intensity", "make_floor_exercise", "make_floor_task", "make_saturation_exercise"]
 
 
 @dataclass(frozen=True)
@@ -36,16 +36,43 @@ class DecodeModel:
         return self.params * self.bytes_per_param
 
 
+def roofline_step(params: int, bytes_per_param: float, tokens: int, bandwidth: float,
+                  peak_flops: float, kv_bytes: float = 0.0, attention_flops: float = 0.0) -> dict:
+    """One forward step that reads ``params`` weights once and multiplies ``tokens`` tokens by them.
+
+    bytes = params x bytes_per_param + kv_bytes (the KV cache the step's attention reads: batch x context
+    x KV bytes per token); FLOPs = 2 x params x tokens (a multiply and an add per weight per token) +
+    attention_flops; intensity = FLOPs / byte. memory_s and compute_s are the times the two limits allow
+    (bandwidth in bytes/s, peak in FLOP/s); the step takes at least the larger (the roofline: launch
+    overhead comes on top). bound: which one sets it."""
+    if tokens < 1 or params < 1 or bandwidth <= 0 or peak_flops <= 0 or kv_bytes < 0 or attention_flops < 0:
+        raise ValueError("tokens and params must be >= 1, bandwidth and peak_flops > 0, kv_bytes and "
+                         "attention_flops >= 0")
+    weight_bytes = params * bytes_per_param
+    total_bytes = weight_bytes + kv_bytes
+    flops = 2.0 * params * tokens + attention_flops
+    memory_s, compute_s = total_bytes / bandwidth, flops / peak_flops
+    return dict(bytes=total_bytes, weight_bytes=weight_bytes, kv_bytes=kv_bytes, flops=flops,
+                intensity=flops / total_bytes, memory_s=memory_s, compute_s=compute_s,
+                step_s=max(memory_s, compute_s), bound="memory" if memory_s >= compute_s else "compute")
+
+
+def _step(m: DecodeModel, batch: int, context: int, kv: bool) -> dict:
+    kv_bytes = batch * context * m.kv_bytes_per_token if kv else 0
+    attention = 4 * m.heads * m.head_dim * m.layers * context * batch if kv else 0
+    return roofline_step(m.params, m.bytes_per_param, batch, 1.0, 1.0, kv_bytes=kv_bytes,
+                         attention_flops=attention)
+
+
 def step_bytes(m: DecodeModel, batch: int, context: int, kv: bool = True) -> float:
     """Bytes one decode step reads: every weight once, and each sequence's KV cache (``kv=False``: the
     weights only, the textbook simplification)."""
-    return m.weight_bytes + (batch * context * m.kv_bytes_per_token if kv else 0)
+    return _step(m, batch, context, kv)["bytes"]
 
 
 def step_flops(m: DecodeModel, batch: int, context: int, kv: bool = True) -> float:
     """FLOPs of one decode step: 2 per parameter per row, plus attention's q.k and p.v over the context."""
-    attn = 4 * m.heads * m.head_dim * m.layers * context * batch if kv else 0
-    return 2 * m.params * batch + attn
+    return _step(m, batch, context, kv)["flops"]
 
 
 def floors_us(m: DecodeModel, batch: int, context: int, bandwidth: float, peak: float,

@@ -15,6 +15,7 @@ import random
 from dataclasses import dataclass
 
 from simulators.exercises import Exercise, Verdict, parse_float
+from simulators.roofline import roofline_step
 
 
 @dataclass(frozen=True)
@@ -63,27 +64,6 @@ class DecoderShape:
         return roofline_step(self.matmul_params, bytes_per_param, tokens, bandwidth, peak_flops,
                              kv_bytes=batch * context * self.kv_bytes_per_token(bytes_per_param),
                              attention_flops=tokens * self.attention_flops_per_token(context))
-
-
-def roofline_step(params: int, bytes_per_param: float, tokens: int, bandwidth: float,
-                  peak_flops: float, kv_bytes: float = 0.0, attention_flops: float = 0.0) -> dict:
-    """One forward step that reads ``params`` weights once and multiplies ``tokens`` tokens by them.
-
-    bytes = params x bytes_per_param + kv_bytes (the KV cache the step's attention reads: batch x context
-    x KV bytes per token); FLOPs = 2 x params x tokens (a multiply and an add per weight per token) +
-    attention_flops; intensity = FLOPs / byte. memory_s and compute_s are the times the two limits allow
-    (bandwidth in bytes/s, peak in FLOP/s); the step takes at least the larger (the roofline: launch
-    overhead comes on top). bound: which one sets it."""
-    if tokens < 1 or params < 1 or bandwidth <= 0 or peak_flops <= 0 or kv_bytes < 0 or attention_flops < 0:
-        raise ValueError("tokens and params must be >= 1, bandwidth and peak_flops > 0, kv_bytes and "
-                         "attention_flops >= 0")
-    weight_bytes = params * bytes_per_param
-    total_bytes = weight_bytes + kv_bytes
-    flops = 2.0 * params * tokens + attention_flops
-    memory_s, compute_s = total_bytes / bandwidth, flops / peak_flops
-    return dict(bytes=total_bytes, weight_bytes=weight_bytes, kv_bytes=kv_bytes, flops=flops,
-                intensity=flops / total_bytes, memory_s=memory_s, compute_s=compute_s,
-                step_s=max(memory_s, compute_s), bound="memory" if memory_s >= compute_s else "compute")
 
 
 def roofline_speedup(alpha: float, k: int, target, draft, batch: int, bytes_per_param: float,
