@@ -2,6 +2,7 @@
 
   python -m minirunner generate [--model DIR] "prompt" ...   continue prompts, print a throughput line
   python -m minirunner bench [--workload nano] [--compare transformers] ...   benchmark a workload
+  python -m minirunner serve [--model DIR] [--port 8000] ...   an OpenAI-compatible server
 """
 
 from __future__ import annotations
@@ -137,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", default=None, help="write throughput / KV utilisation over time (PNG)")
     bench.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _engine_options(bench)
+    from minirunner.entrypoints.openai.cli_args import add_serve_parser
+
+    add_serve_parser(sub)
     return parser
 
 
@@ -203,6 +207,8 @@ def _bench(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "handler", None) is not None:  # serve (minirunner/entrypoints/openai/cli_args.py)
+        return args.handler(args)
     return _generate(args) if args.command == "generate" else _bench(args)
 
 

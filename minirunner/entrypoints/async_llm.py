@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from minirunner.engine.engine import LLMEngine
+from minirunner.engine.input_processor import validate_batch
 from minirunner.llm import LLM
 from minirunner.outputs import RequestOutput
 from minirunner.sampling_params import SamplingParams
@@ -117,6 +118,26 @@ class AsyncLLM:
             if not finished and self.is_running:  # the caller left early or was cancelled
                 self.abort(request_id)
 
+    async def process_inputs(self, prompts: list, params: list[SamplingParams]) -> list:
+        """Tokenise and validate prompts in the engine thread (the tokenizer is used by one thread),
+        queueing nothing; ProcessedPrompts in order, or ValueError naming the first refused one."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        self._send(("call", lambda: validate_batch(self.engine.process_input, prompts, params), done))
+        return await done
+
+    async def get_metrics(self, model_name: str) -> list:
+        """The engine's metric records (minirunner/metrics/reader.py), read in the engine thread between
+        steps."""
+        from minirunner.metrics.prometheus import engine_state_metrics
+
+        read = getattr(self.engine, "get_metrics", None) or (
+            lambda: engine_state_metrics(self.engine, model_name))
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        self._send(("call", read, done))
+        return await done
+
     def abort(self, request_id: str) -> None:
         """Abort a request from any thread; its blocks are freed at the next step boundary."""
         self._send(("abort", request_id))
@@ -150,8 +171,8 @@ class AsyncLLM:
                                                         "was aborted"))
         while not self._commands.empty():  # requests that raced the stop
             command = self._commands.get()
-            if command[0] == "add":
-                _set_result(command[5], EngineDeadError("the server is shutting down"))
+            if command[0] in ("add", "call"):
+                _set_result(command[-1], EngineDeadError("the server is shutting down"))
 
     def _apply_commands(self) -> bool:
         """Queue the new requests and apply the aborts; False once asked to stop."""
@@ -159,6 +180,15 @@ class AsyncLLM:
             command = self._commands.get()
             if command[0] == "stop":
                 return False
+            if command[0] == "call":
+                _, fn, done = command
+                try:
+                    result = fn()
+                except Exception as e:
+                    _set_result(done, e)
+                else:
+                    _set_result(done, None, value=result)
+                continue
             if command[0] == "abort":
                 rid = command[1]
                 if rid in self._streams:
@@ -214,12 +244,13 @@ class AsyncLLM:
 
 
 def _set_result(future: asyncio.Future, error: BaseException | None,
-                loop: asyncio.AbstractEventLoop | None = None) -> None:
+                loop: asyncio.AbstractEventLoop | None = None, value=None) -> None:
+    """Resolve a caller's future from the engine thread (with ``value``, or raising ``error``)."""
     def apply():
         if future.done():  # the caller was cancelled while waiting
             return
         if error is None:
-            future.set_result(None)
+            future.set_result(value)
         else:
             future.set_exception(error)
     try:
