@@ -54,8 +54,8 @@ class Server:
         out = {}
         for family in text_string_to_metric_families(text):
             for s in family.samples:
-                out[s.name + ("" if not s.labels else str(sorted(
-                    (k, v) for k, v in s.labels.items() if k not in ("engine", "model_name"))))] = s.value
+                labels = sorted((k, v) for k, v in s.labels.items() if k not in ("engine", "model_name"))
+                out[s.name + (str(labels) if labels else "")] = s.value
         return out
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
