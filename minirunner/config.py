@@ -38,6 +38,28 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+def resolve_device(device: str | torch.device) -> torch.device:
+    """The torch device for LLM(device=...): "auto" is CUDA when present, else the CPU."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but no CUDA device is available; "
+                         "use device='cpu'")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device} is not supported; use 'cpu', 'cuda' or 'auto'")
+    return device
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device, config_dtype: str | None):
+    """The weights' dtype for LLM(dtype=...): "auto" is float32 on a CPU, else the config's half type."""
+    if dtype != "auto":
+        return parse_dtype(dtype)
+    if device.type == "cpu":
+        return torch.float32  # exact and fast enough for the small models a CPU runs
+    return parse_dtype(config_dtype) if config_dtype in ("bfloat16", "float16") else torch.bfloat16
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The architecture numbers the forward pass needs, read from config.json."""

@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from minirunner.assets import default_model_dir
-from minirunner.config import EngineConfig, ModelConfig, parse_dtype
+from minirunner.config import EngineConfig, ModelConfig, resolve_device, resolve_dtype
 from minirunner.engine.engine import LLMEngine
 from minirunner.engine.input_processor import split_prompts, validate_batch
 from minirunner.generation_config import sampling_defaults
@@ -37,26 +37,6 @@ from minirunner.tokenizer import render_chat
 
 # A prompt: text, token ids, or vLLM's TextPrompt {"prompt": str} / TokensPrompt {"prompt_token_ids": [...]}
 Prompt = str | list[int] | dict
-
-
-def _resolve_device(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' was asked for but no CUDA device is available; "
-                         "use device='cpu'")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device {device} is not supported; use 'cpu', 'cuda' or 'auto'")
-    return device
-
-
-def _resolve_dtype(dtype: str | torch.dtype, device: torch.device, config_dtype: str | None):
-    if dtype != "auto":
-        return parse_dtype(dtype)
-    if device.type == "cpu":
-        return torch.float32  # exact and fast enough for the small models a CPU runs
-    return parse_dtype(config_dtype) if config_dtype in ("bfloat16", "float16") else torch.bfloat16
 
 
 class LLM:
@@ -95,7 +75,7 @@ class LLM:
             if not (Path(model) / "config.json").is_file():
                 raise ValueError("the embedded default model is missing from this installation; "
                                  "pass model=<checkpoint directory>")
-        device = _resolve_device(device)
+        device = resolve_device(device)
         if enforce_eager:
             if graph_mode not in ("auto", "none"):
                 raise ValueError(f"enforce_eager=True asks for eager steps but graph_mode={graph_mode!r} "
@@ -107,7 +87,7 @@ class LLM:
             random.seed(engine_seed)
             np.random.seed(engine_seed % 2**32)
         config = EngineConfig(
-            model=str(model), dtype=_resolve_dtype(dtype, device, model_config.config_dtype),
+            model=str(model), dtype=resolve_dtype(dtype, device, model_config.config_dtype),
             device=device, block_size=block_size, num_kv_blocks=num_kv_blocks,
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             gpu_memory_utilization=gpu_memory_utilization,
@@ -266,9 +246,8 @@ class LLM:
         folder = trace_dir or os.environ.get("VLLM_TORCH_PROFILER_DIR") or \
             Path(tempfile.gettempdir()) / "minirunner_profile"
         self._profile_dir = Path(folder)
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if self.engine.config.device.type == "cuda":
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        activities = [torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if self.engine.config.device.type == "cuda" else [])
         self._profiler = torch.profiler.profile(activities=activities)
         self._profiler.start()
 
@@ -287,9 +266,12 @@ class LLM:
 
     # -- introspection --------------------------------------------------------------------------
     def get_step_trace(self) -> list[dict]:
-        """One dict per engine step (see ``minirunner.engine.trace.StepTrace``; the last 10,000 steps): plain
-        data for plots."""
+        """One dict per engine step (``minirunner.engine.trace.StepTrace``; the last 10,000 steps)."""
         return [asdict(t) for t in self.engine.trace]
+
+    def get_metrics(self) -> list:
+        """vLLM's: Counter / Gauge / Histogram / Vector records (minirunner.metrics), a snapshot."""
+        return self.engine.get_metrics()
 
     def get_spec_metrics(self) -> dict | None:
         """Engine-wide speculative-decoding metrics (``SpecStats.as_dict()``), None without speculation."""

@@ -28,6 +28,8 @@ from minirunner.engine.parallel_sampling import child_id, child_seed
 from minirunner.engine.request import Request
 from minirunner.engine.trace import StepTracer
 from minirunner.generation_config import generation_eos_ids
+from minirunner.metrics.reader import Metric
+from minirunner.metrics.stats import EngineMetrics
 from minirunner.outputs import RequestOutput, build_request_output
 from minirunner.sampling_params import SamplingParams
 from minirunner.spec_decode.async_utils import sync_check
@@ -70,6 +72,10 @@ class LLMEngine:
                                               config.max_logprobs, self.kv.reservation_blocks,
                                               lambda: self.num_kv_blocks, config.kv_layout == "paged")
         self.output_processor = OutputProcessor(self.tokenizer, self.kv)
+        self.metrics = EngineMetrics(  # the one set (get_metrics, /metrics); the scheduler's admissions
+            config.model, config.enable_prefix_caching and config.kv_layout == "paged",
+            None if parts.spec_config is None else parts.spec_config.max_num_speculative_tokens)
+        self.scheduler.metrics = self.metrics
         self.tracer = StepTracer(self.kv, self.scheduler, config.block_size, config.trace_block_tables)
         self.trace = self.tracer.trace
         self.requests: dict[str, Request] = {}  # every live completion, by its own id
@@ -130,8 +136,10 @@ class LLMEngine:
                 continue
             self.free_request(request)
             request.finish("abort")
+            self.metrics.record_finished(request)
             if request.detok is not None:
                 request.detok.finish()
+        self.metrics.record_state(self.scheduler, self.block_pool)
 
     def abort_all(self, request_ids) -> None:
         """Abort and forget these requests (a stream left early, or an error in the caller). Only
@@ -206,11 +214,13 @@ class LLMEngine:
                                           {rid for rid, r in self.requests.items() if not r.is_finished},
                                           self.scheduler.may_join())
         sched = self.scheduler.schedule()
+        self.metrics.record_schedule(len(sched.preempted))
         for request_id in sched.preempted:
             self.runner.free_request(request_id)
         if not sched.scheduled:
             self.tracer.record(sched, [], self.tracer.occupancy(), 0, time.perf_counter() - t0,
                                StepGraphInfo())
+            self.metrics.record_state(self.scheduler, self.block_pool)
             return None
         t1 = time.perf_counter()
         try:
@@ -234,6 +244,8 @@ class LLMEngine:
             if not request.is_finished:
                 self.free_request(request)
                 request.finish("abort")
+                self.metrics.record_finished(request)
+        self.metrics.record_state(self.scheduler, self.block_pool)
 
     def _finish(self, step: InFlightStep, end_chain: bool = True) -> EngineStep:
         """Read a launched step (waiting for it only) and apply it: tokens with stop checks, forks,
@@ -257,10 +269,15 @@ class LLMEngine:
         occupancy = self.tracer.occupancy()  # the step's peak: before finished requests free blocks
         for request in applied.done:
             self.free_request(request)
+        self.metrics.record_step(applied.produced, spec_runs, self.scheduler, self.block_pool)
         self.tracer.record(step.sched, applied.finished, occupancy,
                            sum(len(tokens) for _, tokens in applied.produced), time.perf_counter() - step.t0,
                            out.graph, spec_runs, step.propose_s, step.verify_s, step.ahead or step.chained)
         return EngineStep(applied.produced, out)
+
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's metric records, now (minirunner/metrics/stats.py); safe from another thread."""
+        return self.metrics.snapshot()
 
     def take_text_delta(self, request: Request) -> str:
         """Text of ``request`` not streamed yet that can never be taken back (see detokenizer.py)."""

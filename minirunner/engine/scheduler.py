@@ -60,6 +60,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.metrics = None  # the engine's EngineMetrics: admissions are prefix-cache queries
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -125,6 +126,7 @@ class Scheduler:
             remaining = request.num_tokens - request.num_computed_tokens \
                 - len(cached) * self.kv.block_size
             num_new = min(remaining, budget)
+            fresh = request.num_computed_tokens == 0 and request.num_preemptions == 0
             # Admit only while every running request could still grow by one block: admitting into
             # the last free blocks just forces a preemption (and a recompute) a few steps later.
             if not self.kv.allocate(request, num_new, cached, headroom=len(self.running)):
@@ -133,6 +135,8 @@ class Scheduler:
                 if not self.running and self._release_waiting_blocks(keep=request):
                     continue
                 break
+            if fresh and self.metrics is not None:
+                self.metrics.record_admission(request, len(cached) * self.kv.block_size)
             self.kv.cache_full_blocks(request, request.num_computed_tokens + num_new)
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
