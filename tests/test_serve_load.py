@@ -16,6 +16,7 @@ from serve_helpers import Server  # noqa: E402
 from minirunner import LLM, SamplingParams  # noqa: E402
 
 MODEL = "shakespeare"
+ABORTED = "vllm:request_success_total[('finished_reason', 'abort')]"
 PROMPTS = ["ROMEO:", "JULIET:", "HAMLET:", "First Citizen:", "KING HENRY:", "Nurse:"]
 
 
@@ -64,6 +65,7 @@ def _wait_for(server, check, timeout=120.0) -> dict:
 def test_a_dropped_stream_is_aborted_and_its_blocks_freed(server):
     body = {"model": MODEL, "prompt": "ROMEO:", "max_tokens": 240, "ignore_eos": True, "stream": True,
             "seed": 1}
+    before = server.metrics()
     with httpx.Client(timeout=60) as client, \
             client.stream("POST", server.url + "/v1/completions", json=body) as r:
         chunks = 0
@@ -77,13 +79,15 @@ def test_a_dropped_stream_is_aborted_and_its_blocks_freed(server):
     # the response was closed after 3 tokens of 240: the server aborts the request
     m = _wait_for(server, lambda m: m["vllm:num_requests_running"] == 0)
     assert m["vllm:num_requests_running"] == 0 and m["vllm:kv_cache_usage_perc"] == 0
-    if "vllm:generation_tokens_total" in m:  # the engine's own counters: it stopped long before 240
-        assert m["vllm:generation_tokens_total"] < 200
+    assert m[ABORTED] == before[ABORTED] + 1
+    assert m["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < 200
 
 
 def test_a_dropped_non_streaming_request_is_aborted(server):
     body = {"model": MODEL, "prompt": "JULIET:", "max_tokens": 240, "ignore_eos": True, "seed": 2}
+    before = server.metrics()
     with pytest.raises(httpx.TimeoutException):  # the client gives up while the server is still working
         httpx.post(server.url + "/v1/completions", json=body, timeout=0.5)
     m = _wait_for(server, lambda m: m["vllm:num_requests_running"] == 0)
     assert m["vllm:num_requests_running"] == 0 and m["vllm:kv_cache_usage_perc"] == 0
+    assert m[ABORTED] == before[ABORTED] + 1

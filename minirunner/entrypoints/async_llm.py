@@ -126,17 +126,14 @@ class AsyncLLM:
         self._send(("call", lambda: validate_batch(self.engine.process_input, prompts, params), done))
         return await done
 
-    async def get_metrics(self, model_name: str) -> list:
-        """The engine's metric records (minirunner/metrics/reader.py), read in the engine thread between
-        steps."""
-        from minirunner.metrics.prometheus import engine_state_metrics
-
-        read = getattr(self.engine, "get_metrics", None) or (
-            lambda: engine_state_metrics(self.engine, model_name))
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future = loop.create_future()
-        self._send(("call", read, done))
-        return await done
+    def get_metrics(self, model_name: str | None = None) -> list:
+        """The engine's metric records now (minirunner/metrics/reader.py; safe from any thread), labelled
+        with ``model_name`` (the served name) when given."""
+        metrics = self.engine.get_metrics()
+        if model_name is not None:
+            for m in metrics:
+                m.labels = {**m.labels, "model_name": model_name}
+        return metrics
 
     def abort(self, request_id: str) -> None:
         """Abort a request from any thread; its blocks are freed at the next step boundary."""

@@ -66,21 +66,3 @@ def render(metrics: list) -> str:
                     lines.append(f"{name}_total{_labels(m.labels, position=str(pos))} {_number(value)}")
     return "\n".join(lines) + "\n"
 
-
-# -- until the engine keeps its own metrics: a minimal set read from its public state ---------------------
-class Gauge:
-    def __init__(self, name: str, labels: dict[str, str], value: float, documentation: str = ""):
-        self.name, self.labels, self.value, self.documentation = name, labels, value, documentation
-
-
-def engine_state_metrics(engine, model_name: str) -> list:
-    """Running and waiting requests and KV-cache usage, read from the engine's scheduler and block pool
-    (used only when the engine has no ``get_metrics``)."""
-    labels = {"engine": "0", "model_name": model_name}
-    pool = engine.block_pool
-    return [Gauge("vllm:num_requests_running", labels, len(engine.scheduler.running),
-                  "Number of requests in model execution batches."),
-            Gauge("vllm:num_requests_waiting", labels, len(engine.scheduler.waiting),
-                  "Number of requests waiting to be processed."),
-            Gauge("vllm:kv_cache_usage_perc", labels, pool.num_used_blocks / max(1, pool.num_blocks),
-                  "KV-cache usage. 1 means 100 percent usage.")]

@@ -129,7 +129,7 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None,
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(render(await engine.get_metrics(model_name)),
+        return PlainTextResponse(render(engine.get_metrics(model_name)),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def serve(request: Request, model_cls, serving):
