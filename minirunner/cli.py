@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _engine_options(bench)
     from minirunner.entrypoints.openai.cli_args import add_serve_parser
+    from minirunner.tools.bench.serve import add_bench_serve_parser
+
+    add_bench_serve_parser(bench)  # minirunner bench serve --url ...: load a running server
 
     add_serve_parser(sub)
     return parser
