@@ -119,11 +119,14 @@ class AsyncLLM:
                 self.abort(request_id)
 
     async def process_inputs(self, prompts: list, params: list[SamplingParams]) -> list:
-        """Tokenise and validate prompts in the engine thread (the tokenizer is used by one thread),
-        queueing nothing; ProcessedPrompts in order, or ValueError naming the first refused one."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future = loop.create_future()
-        self._send(("call", lambda: validate_batch(self.engine.process_input, prompts, params), done))
+        """Tokenise and validate prompts in the engine thread (one thread uses the tokenizer), queueing
+        nothing; ProcessedPrompts in order, or ValueError naming the first refused one."""
+        return await self.call(lambda: validate_batch(self.engine.process_input, prompts, params))
+
+    async def call(self, fn):
+        """Run ``fn()`` in the engine thread between two steps; its result, or what it raised."""
+        done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._send(("call", fn, done))
         return await done
 
     def get_metrics(self, model_name: str | None = None) -> list:
@@ -215,6 +218,7 @@ class AsyncLLM:
             self._fail(failed, e)
             return
         last = {request.group_id: i for i, (request, _) in enumerate(produced)}
+        batches: dict[asyncio.AbstractEventLoop, list] = {}  # one wake-up per caller loop per step
         for i, (request, new_tokens) in enumerate(produced):
             gid = request.group_id
             stream = self._streams.get(gid)
@@ -229,8 +233,14 @@ class AsyncLLM:
             if last[gid] == i and engine.group_finished(gid):
                 output = engine.pop_finished(gid)
                 del self._streams[gid]
-            stream.put(DeltaOutput(request.index, list(new_tokens), engine.take_text_delta(request),
-                                   request.is_finished, request.finish_reason, logprobs, output))
+            delta = DeltaOutput(request.index, list(new_tokens), engine.take_text_delta(request),
+                                request.is_finished, request.finish_reason, logprobs, output)
+            batches.setdefault(stream.loop, []).append((stream.queue, delta))
+        for loop, items in batches.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # that caller's loop is closed: nobody is listening any more
+                pass
 
     def _fail(self, request_ids: list[str], error: BaseException) -> None:
         self.engine.abort_all(request_ids)
@@ -238,6 +248,11 @@ class AsyncLLM:
             stream = self._streams.pop(rid, None)
             if stream is not None:
                 stream.put(error)
+
+
+def _deliver(items: list) -> None:
+    for q, item in items:
+        q.put_nowait(item)
 
 
 def _set_result(future: asyncio.Future, error: BaseException | None,

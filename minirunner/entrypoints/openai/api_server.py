@@ -20,6 +20,7 @@ from minirunner.entrypoints.async_llm import AsyncLLM, EngineDeadError
 from minirunner.entrypoints.openai.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from minirunner.entrypoints.openai.serving_chat import OpenAIServingChat
 from minirunner.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from minirunner.entrypoints.openai.serving_engine import sse
 from minirunner.metrics.prometheus import render
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,21 @@ async def _read_json(request: Request) -> dict:
     return value
 
 
+async def _guard_stream(stream):
+    """The SSE stream, ending with an error event and [DONE] if the engine fails mid-stream (the status
+    line was sent already), as vLLM's server does."""
+    try:
+        async for event in stream:
+            yield event
+    except Exception as e:
+        dead = isinstance(e, EngineDeadError)
+        logger.log(logging.INFO if dead else logging.ERROR, "stream ended by an error: %s", e)
+        error = APIError(str(e), status=503 if dead else 500,
+                         type_="ServiceUnavailableError" if dead else "InternalServerError")
+        yield sse(error.body())
+        yield sse("[DONE]")
+
+
 async def _until_disconnected(request: Request) -> None:
     while True:
         message = await request.receive()
@@ -82,6 +98,23 @@ async def _unless_disconnected(request: Request, work):
     return None if left else task.result()
 
 
+class APIKeyMiddleware:
+    """401 on /v1 routes without ``Authorization: Bearer <key>``. A plain ASGI middleware: it adds nothing
+    to a response's chunks (FastAPI's @app.middleware("http") would pass each SSE event through a stream)."""
+
+    def __init__(self, app, api_key: str):
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1") and \
+                dict(scope["headers"]).get(b"authorization") != self.expected:
+            response = _error(APIError("missing or wrong API key: send 'Authorization: Bearer <key>'",
+                                       status=401, type_="AuthenticationError"))
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None,
               chat_template: str | None = None) -> FastAPI:
     """The FastAPI app serving ``engine`` as ``model_name``; its lifespan shuts the engine down."""
@@ -95,13 +128,8 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None,
     completion = OpenAIServingCompletion(engine, model_name)
     chat = OpenAIServingChat(engine, model_name, chat_template)
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next):
-        if api_key is not None and request.url.path.startswith("/v1"):
-            if request.headers.get("authorization") != f"Bearer {api_key}":
-                return _error(APIError("missing or wrong API key: send 'Authorization: Bearer <key>'",
-                                       status=401, type_="AuthenticationError"))
-        return await call_next(request)
+    if api_key is not None:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
 
     @app.exception_handler(APIError)
     async def api_error(_request, e: APIError):
@@ -114,6 +142,12 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None,
     @app.exception_handler(EngineDeadError)
     async def engine_dead(_request, e: EngineDeadError):
         return _error(APIError(str(e), status=503, type_="ServiceUnavailableError"))
+
+    @app.exception_handler(Exception)
+    async def internal_error(_request, e: Exception):  # a bug, not bad input: logged, still OpenAI's JSON
+        logger.exception("request failed")
+        return _error(APIError(f"internal error: {type(e).__name__}: {e}", status=500,
+                               type_="InternalServerError"))
 
     @app.get("/health")
     async def health():
@@ -139,7 +173,8 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None,
             raise _validation_message(e) from None
         processed, _ = await serving.setup(parsed)
         if parsed.stream:
-            return StreamingResponse(serving.stream(parsed, processed), media_type="text/event-stream")
+            return StreamingResponse(_guard_stream(serving.stream(parsed, processed)),
+                                     media_type="text/event-stream")
         body = await _unless_disconnected(request, serving.create(parsed, processed))
         if body is None:  # the client left; nobody reads this
             return PlainTextResponse("", status_code=499)

@@ -86,10 +86,10 @@ class OpenAIServingChat(OpenAIServing):
         prompt_tokens, completion_tokens = len(processed[0].token_ids), 0
         async for _, delta in self.run(processed, request_id):
             completion_tokens += len(delta.token_ids)
-            if not (delta.text or delta.finished):
-                continue
             lp = chat_logprobs(delta.token_ids, delta.logprobs, k) \
-                if k is not None and delta.logprobs is not None else None
+                if k is not None and delta.logprobs else None
+            if not (delta.text or delta.finished or lp):
+                continue
             chunk = {**head, "choices": [{"index": delta.index,
                                           "delta": {"content": delta.text} if delta.text else {},
                                           "logprobs": lp,

@@ -59,13 +59,11 @@ async def _one(client, url: str, model: str, prompt: list[int], max_tokens: int,
                 timing.error = f"HTTP {r.status_code}: {(await r.aread()).decode()[:200]}"
                 return timing
             async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+                if not line.startswith("data: {"):
                     continue
-                chunk = json.loads(line[6:])
                 now = time.perf_counter()
-                if chunk.get("usage"):
-                    timing.output_tokens = chunk["usage"]["completion_tokens"]
-                if not chunk.get("choices"):
+                if '"choices": []' in line:  # the usage chunk: the only one parsed (keeps the client light)
+                    timing.output_tokens = json.loads(line[6:])["usage"]["completion_tokens"]
                     continue
                 if timing.ttft is None:
                     timing.ttft = now - start
