@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import signal
 import socket
 import subprocess
@@ -32,6 +33,12 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (every thread), from /proc (Linux)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_server(threads: str) -> tuple[subprocess.Popen, str]:
@@ -85,18 +92,23 @@ def main() -> None:
                   f"goodput {s['goodput']:.2f} req/s")
         pairs = []
         for i in range(args.pairs):  # alternate, so a busy minute on the shared host hits both sides
+            cpu0, client0 = process_cpu_s(proc.pid), time.process_time()
             timings, duration = asyncio.run(run_load(url, "shakespeare", wl, math.inf, use_tqdm=False))
+            server_cpu, client_cpu = process_cpu_s(proc.pid) - cpu0, time.process_time() - client0
             served = summarize(timings, duration, *slo)
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             outs = llm.generate(wl.prompts, params, use_tqdm=False)
-            offline_s = time.perf_counter() - t0
+            offline_s, offline_cpu = time.perf_counter() - t0, time.process_time() - cpu0
             offline = sum(len(o.outputs[0].token_ids) for o in outs) / offline_s
             pairs.append(dict(server_output_tok_per_s=served["output_tok_per_s"],
                               offline_output_tok_per_s=offline,
                               ratio=served["output_tok_per_s"] / offline,
+                              server_wall_s=duration, server_cpu_s=server_cpu, client_cpu_s=client_cpu,
+                              offline_wall_s=offline_s, offline_cpu_s=offline_cpu,
                               server_summary=served))
-            print(f"pair {i}: server {served['output_tok_per_s']:.1f} tok/s, offline {offline:.1f} tok/s, "
-                  f"ratio {pairs[-1]['ratio']:.3f}")
+            print(f"pair {i}: server {served['output_tok_per_s']:.1f} tok/s ({duration:.1f} s wall, "
+                  f"{server_cpu:.1f} s CPU), offline {offline:.1f} tok/s ({offline_s:.1f} s wall, "
+                  f"{offline_cpu:.1f} s CPU), ratio {pairs[-1]['ratio']:.3f}")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)

@@ -127,3 +127,23 @@ def test_openai_client_raises_bad_request_and_the_server_keeps_serving(server):
     r = client.completions.create(model=MODEL, prompt="ROMEO:", max_tokens=3)
     assert r.usage.completion_tokens == 3
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+@pytest.mark.parametrize("change", [
+    {"seed": 2 ** 70}, {"seed": -5}, {"top_k": 10 ** 12}, {"min_tokens": 10 ** 12},
+    {"stop_token_ids": [10 ** 12]}, {"stop_token_ids": [-1]}, {"allowed_token_ids": [10 ** 12]},
+    {"allowed_token_ids": []}, {"truncate_prompt_tokens": 0}, {"truncate_prompt_tokens": 10 ** 12},
+    {"prompt_logprobs": 10 ** 6}, {"logit_bias": {"5": 1e30}}, {"logit_bias": {"99999": 1}},
+    {"stop": [""]}, {"bad_words": [""]}, {"max_tokens": 10 ** 30}, {"prompt": [[1], [2] * 300]},
+    {"n": 2, "seed": 2 ** 63 - 1}, {"echo": True, "logprobs": 1}, {"suffix": "x"},
+    {"use_beam_search": True}, {"best_of": 3},
+])
+def test_edge_values_are_refused_or_served_never_a_500(server, change):
+    """An odd value is a 400 in OpenAI's error JSON, or is served; never a 500, and the server serves the
+    next request."""
+    r = _post(server, {**OK, **change})
+    assert r.status_code in (200, 400), r.text
+    if r.status_code == 400:
+        _assert_400(r)
+    ok = _post(server, OK)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4

@@ -6,7 +6,7 @@ parameters), their types (strict: no NaN or infinity, no bool for a number) and 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -14,6 +14,10 @@ from minirunner.sampling_params import SamplingParams
 
 # OpenAI's limits: at most 128 completions per prompt; vLLM allows logprobs up to the engine's max_logprobs.
 MAX_N = 128
+# Integers the engine keeps in int64 (seed) or int32 (top_k, min_tokens) arrays: bounded here, so a huge
+# value is a 400 naming it rather than an overflow inside a step that other requests share.
+INT64 = 2**63
+INT32 = 2**31
 
 
 class APIError(Exception):
@@ -47,7 +51,7 @@ class SamplingFields(OpenAIModel):
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-INT64, lt=INT64)
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
@@ -55,17 +59,17 @@ class SamplingFields(OpenAIModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None  # accepted for the caller's bookkeeping; not used
     # vLLM's extra sampling parameters
-    top_k: int | None = None
+    top_k: int | None = Field(None, ge=-1, lt=INT32)
     min_p: float | None = None
     repetition_penalty: float | None = None
-    min_tokens: int = Field(0, ge=0)
-    stop_token_ids: list[int] | None = None
+    min_tokens: int = Field(0, ge=0, lt=INT32)
+    stop_token_ids: list[Annotated[int, Field(ge=0, lt=INT64)]] | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     skip_special_tokens: bool = True
-    allowed_token_ids: list[int] | None = None
+    allowed_token_ids: list[Annotated[int, Field(ge=0, lt=INT64)]] | None = None
     bad_words: list[str] | None = None
-    truncate_prompt_tokens: int | None = None
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, lt=INT32)
     prompt_logprobs: int | None = Field(None, ge=0)
     use_beam_search: bool = False
     best_of: int | None = None
