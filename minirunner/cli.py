@@ -3,6 +3,7 @@
   python -m minirunner generate [--model DIR] "prompt" ...   continue prompts, print a throughput line
   python -m minirunner bench [--workload nano] [--compare transformers] ...   benchmark a workload
   python -m minirunner serve [--model DIR] [--port 8000] ...   an OpenAI-compatible server
+  python -m minirunner bench serve --url URL --request-rate R ...   load a running server
 """
 
 from __future__ import annotations

@@ -170,7 +170,7 @@ def add_bench_serve_parser(bench: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seeds the workload and the arrival times")
     p.add_argument("--slo-ttft-ms", type=float, default=500.0, help="goodput's TTFT bound")
     p.add_argument("--slo-tpot-ms", type=float, default=100.0, help="goodput's TPOT bound")
-    p.add_argument("--api-key", default=None)
+    p.add_argument("--api-key", default=None, help="the server's --api-key, if it has one")
     p.add_argument("--json", default=None, help="write the report as JSON here")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(handler=run_bench_serve)
