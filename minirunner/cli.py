@@ -2,6 +2,8 @@
 
   python -m minirunner generate [--model DIR] "prompt" ...   continue prompts, print a throughput line
   python -m minirunner bench [--workload nano] [--compare transformers] ...   benchmark a workload
+  python -m minirunner serve [--model DIR] [--port 8000] ...   an OpenAI-compatible server
+  python -m minirunner bench serve --url URL --request-rate R ...   load a running server
 """
 
 from __future__ import annotations
@@ -137,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", default=None, help="write throughput / KV utilisation over time (PNG)")
     bench.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _engine_options(bench)
+    from minirunner.entrypoints.openai.cli_args import add_serve_parser
+    from minirunner.tools.bench.serve import add_bench_serve_parser
+
+    add_bench_serve_parser(bench)  # minirunner bench serve --url ...: load a running server
+
+    add_serve_parser(sub)
     return parser
 
 
@@ -203,6 +211,8 @@ def _bench(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "handler", None) is not None:  # serve (minirunner/entrypoints/openai/cli_args.py)
+        return args.handler(args)
     return _generate(args) if args.command == "generate" else _bench(args)
 
 

@@ -1,0 +1,271 @@
+"""AsyncLLM: one LLMEngine shared by many concurrent callers (vLLM's name), for the OpenAI server.
+
+Owns the engine loop: one background thread alone calls the engine (add_request / abort / step), callers
+submit from any coroutine or thread and get each request's outputs, as produced, on an asyncio queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from minirunner.engine.engine import LLMEngine
+from minirunner.engine.input_processor import validate_batch
+from minirunner.llm import LLM
+from minirunner.outputs import RequestOutput
+from minirunner.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped (shutdown); no request can be served."""
+
+
+@dataclass
+class DeltaOutput:
+    """What one completion of a request produced in one engine step. ``logprobs``: the new tokens'
+    {token id: Logprob} dicts when the request asked for logprobs. ``output``: the whole RequestOutput,
+    set on the delta that finishes the request's last completion."""
+
+    index: int  # which of the request's n completions
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None = None
+    logprobs: list | None = None
+    output: RequestOutput | None = field(default=None, repr=False)
+
+
+@dataclass(eq=False)
+class _Stream:
+    """One request's delivery: the caller's event loop and queue, and how many logprobs were sent."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    sent_logprobs: dict[int, int] = field(default_factory=dict)
+
+    def put(self, item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+            pass
+
+
+class AsyncLLM:
+    """Drive one LLMEngine from a background thread. ``generate`` is an async iterator of DeltaOutput
+    per request; leaving it early (or cancelling it) aborts the request, which frees its KV blocks at the
+    next step boundary. A request the engine refuses raises ValueError in its caller; an error in a step
+    reaches the callers of the requests that step aborted, and the loop keeps serving the others."""
+
+    def __init__(self, llm: LLM):
+        self.llm = llm
+        self.engine: LLMEngine = llm.engine
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, _Stream] = {}  # touched by the engine thread only
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="minirunner-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_llm_kwargs(cls, **llm_kwargs) -> AsyncLLM:
+        """Build the engine as ``LLM(**llm_kwargs)`` does, and start its loop."""
+        return cls(LLM(**llm_kwargs))
+
+    # -- the caller's side ------------------------------------------------------------------------
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and not self._stopping
+
+    def get_tokenizer(self):
+        return self.llm.get_tokenizer()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        return self.llm.get_default_sampling_params()
+
+    async def generate(self, prompt, params: SamplingParams,
+                       request_id: str | None = None) -> AsyncIterator[DeltaOutput]:
+        """Queue one request (a prompt in any of vLLM's forms) and yield its outputs as the engine
+        produces them; the last one has ``output`` set. Raises ValueError for a refused request."""
+        request_id = request_id or uuid.uuid4().hex
+        loop = asyncio.get_running_loop()
+        stream = _Stream(loop, asyncio.Queue())
+        added: asyncio.Future = loop.create_future()
+        self._send(("add", request_id, prompt, params, stream, added))
+        finished = False
+        try:
+            try:
+                await added  # raises the engine's ValueError for a refused request
+            except Exception:
+                finished = True
+                raise
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.output is not None
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished and self.is_running:  # the caller left early or was cancelled
+                self.abort(request_id)
+
+    async def process_inputs(self, prompts: list, params: list[SamplingParams]) -> list:
+        """Tokenise and validate prompts in the engine thread (one thread uses the tokenizer), queueing
+        nothing; ProcessedPrompts in order, or ValueError naming the first refused one."""
+        return await self.call(lambda: validate_batch(self.engine.process_input, prompts, params))
+
+    async def call(self, fn):
+        """Run ``fn()`` in the engine thread between two steps; its result, or what it raised."""
+        done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._send(("call", fn, done))
+        return await done
+
+    def get_metrics(self, model_name: str | None = None) -> list:
+        """The engine's metric records now (minirunner/metrics/reader.py; safe from any thread), labelled
+        with ``model_name`` (the served name) when given."""
+        metrics = self.engine.get_metrics()
+        if model_name is not None:
+            for m in metrics:
+                m.labels = {**m.labels, "model_name": model_name}
+        return metrics
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request from any thread; its blocks are freed at the next step boundary."""
+        self._send(("abort", request_id))
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Abort every request still running (their callers get EngineDeadError), stop the loop and
+        close the engine."""
+        if self._thread.is_alive():
+            self._send(("stop",))
+            self._thread.join(timeout)
+        self.llm.close()
+
+    def _send(self, command: tuple) -> None:
+        if self._stopping or not self._thread.is_alive():
+            raise EngineDeadError("the engine loop has stopped; no request can be served")
+        self._commands.put(command)
+        self._wake.set()
+
+    # -- the engine thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            if not self._apply_commands():
+                break
+            if self.engine.has_unfinished_requests():
+                self._step()
+            else:
+                self._wake.wait()
+        self._stopping = True
+        self._fail(list(self._streams), EngineDeadError("the server is shutting down; the request "
+                                                        "was aborted"))
+        while not self._commands.empty():  # requests that raced the stop
+            command = self._commands.get()
+            if command[0] in ("add", "call"):
+                _set_result(command[-1], EngineDeadError("the server is shutting down"))
+
+    def _apply_commands(self) -> bool:
+        """Queue the new requests and apply the aborts; False once asked to stop."""
+        while not self._commands.empty():
+            command = self._commands.get()
+            if command[0] == "stop":
+                return False
+            if command[0] == "call":
+                _, fn, done = command
+                try:
+                    result = fn()
+                except Exception as e:
+                    _set_result(done, e)
+                else:
+                    _set_result(done, None, value=result)
+                continue
+            if command[0] == "abort":
+                rid = command[1]
+                if rid in self._streams:
+                    self.engine.abort_all([rid])
+                    del self._streams[rid]
+                continue
+            _, rid, prompt, params, stream, added = command
+            try:
+                self.engine.add_request(prompt, params, request_id=rid)
+            except Exception as e:  # a refused request: only its caller hears of it
+                _set_result(added, e, stream.loop)
+                continue
+            self._streams[rid] = stream
+            _set_result(added, None, stream.loop)
+        return True
+
+    def _step(self) -> None:
+        engine = self.engine
+        try:
+            produced = engine.step()
+        except Exception as e:
+            # the step aborted the requests it was to run: their callers get the error
+            failed = [rid for rid in self._streams if engine.group_finished(rid)]
+            if not failed:  # nothing was attributed to a request: fail them all, never spin
+                failed = list(self._streams)
+            logger.exception("engine step failed; aborting %d request(s)", len(failed))
+            self._fail(failed, e)
+            return
+        last = {request.group_id: i for i, (request, _) in enumerate(produced)}
+        batches: dict[asyncio.AbstractEventLoop, list] = {}  # one wake-up per caller loop per step
+        for i, (request, new_tokens) in enumerate(produced):
+            gid = request.group_id
+            stream = self._streams.get(gid)
+            if stream is None:
+                continue
+            logprobs = None
+            if request.logprobs is not None:
+                sent = stream.sent_logprobs.get(request.index, 0)
+                logprobs = list(request.logprobs[sent:])
+                stream.sent_logprobs[request.index] = len(request.logprobs)
+            output = None
+            if last[gid] == i and engine.group_finished(gid):
+                output = engine.pop_finished(gid)
+                del self._streams[gid]
+            delta = DeltaOutput(request.index, list(new_tokens), engine.take_text_delta(request),
+                                request.is_finished, request.finish_reason, logprobs, output)
+            batches.setdefault(stream.loop, []).append((stream.queue, delta))
+        for loop, items in batches.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # that caller's loop is closed: nobody is listening any more
+                pass
+
+    def _fail(self, request_ids: list[str], error: BaseException) -> None:
+        self.engine.abort_all(request_ids)
+        for rid in request_ids:
+            stream = self._streams.pop(rid, None)
+            if stream is not None:
+                stream.put(error)
+
+
+def _deliver(items: list) -> None:
+    for q, item in items:
+        q.put_nowait(item)
+
+
+def _set_result(future: asyncio.Future, error: BaseException | None,
+                loop: asyncio.AbstractEventLoop | None = None, value=None) -> None:
+    """Resolve a caller's future from the engine thread (with ``value``, or raising ``error``)."""
+    def apply():
+        if future.done():  # the caller was cancelled while waiting
+            return
+        if error is None:
+            future.set_result(value)
+        else:
+            future.set_exception(error)
+    try:
+        (loop or future.get_loop()).call_soon_threadsafe(apply)
+    except RuntimeError:
+        pass
