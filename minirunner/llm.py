@@ -8,11 +8,10 @@ was started, so nothing is lost. vLLM arguments that are not ours are checked in
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
-import time
+import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,42 +20,26 @@ import torch
 from tqdm.auto import tqdm
 
 from minirunner.assets import default_model_dir
-from minirunner.config import EngineConfig, ModelConfig, parse_dtype
+from minirunner.config import EngineConfig, ModelConfig
 from minirunner.engine.engine import LLMEngine
 from minirunner.engine.input_processor import split_prompts, validate_batch
 from minirunner.generation_config import sampling_defaults
 from minirunner.llm_args import (
     check_named_vllm_args,
     check_vllm_kwargs,
+    resolve_device,
+    resolve_dtype,
     resolve_generation_config,
     resolve_seed,
 )
+from minirunner.model.loader import check_checkpoint
 from minirunner.outputs import RequestOutput, StreamChunk
+from minirunner.profiler import StepProfiler
 from minirunner.sampling_params import SamplingParams
 from minirunner.tokenizer import render_chat
 
 # A prompt: text, token ids, or vLLM's TextPrompt {"prompt": str} / TokensPrompt {"prompt_token_ids": [...]}
 Prompt = str | list[int] | dict
-
-
-def _resolve_device(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' was asked for but no CUDA device is available; "
-                         "use device='cpu'")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device {device} is not supported; use 'cpu', 'cuda' or 'auto'")
-    return device
-
-
-def _resolve_dtype(dtype: str | torch.dtype, device: torch.device, config_dtype: str | None):
-    if dtype != "auto":
-        return parse_dtype(dtype)
-    if device.type == "cpu":
-        return torch.float32  # exact and fast enough for the small models a CPU runs
-    return parse_dtype(config_dtype) if config_dtype in ("bfloat16", "float16") else torch.bfloat16
 
 
 class LLM:
@@ -95,19 +78,20 @@ class LLM:
             if not (Path(model) / "config.json").is_file():
                 raise ValueError("the embedded default model is missing from this installation; "
                                  "pass model=<checkpoint directory>")
-        device = _resolve_device(device)
+        device = resolve_device(device)
         if enforce_eager:
             if graph_mode not in ("auto", "none"):
                 raise ValueError(f"enforce_eager=True asks for eager steps but graph_mode={graph_mode!r} "
                                  "asks for graphs: pass one of them")
             graph_mode = "none"
         model_config = ModelConfig.from_dir(model)
+        check_checkpoint(model, model_config)  # headers only: before any worker starts or layer is built
         engine_seed = resolve_seed(seed)
-        if seed is not None:  # as vLLM: the seed also fixes the caller's Python and NumPy random state
+        if seed not in (None, -1):  # as vLLM: the seed also fixes the caller's Python and NumPy random state
             random.seed(engine_seed)
             np.random.seed(engine_seed % 2**32)
         config = EngineConfig(
-            model=str(model), dtype=_resolve_dtype(dtype, device, model_config.config_dtype),
+            model=str(model), dtype=resolve_dtype(dtype, device, model_config.config_dtype),
             device=device, block_size=block_size, num_kv_blocks=num_kv_blocks,
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             gpu_memory_utilization=gpu_memory_utilization,
@@ -122,8 +106,8 @@ class LLM:
         generation_dir = resolve_generation_config(generation_config, str(model))
         self._default_sampling = {} if generation_dir is None else sampling_defaults(generation_dir)
         self.engine = LLMEngine(config, model_config)
-        self._profiler: torch.profiler.profile | None = None
-        self._profile_dir: Path | None = None
+        self._profiler = StepProfiler(device)
+        self._lock, self._stream_owner = threading.Lock(), None  # see _one_caller
 
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (also on del, at exit, at the end of ``with``)."""
@@ -182,10 +166,7 @@ class LLM:
         return ids
 
     def _step(self):
-        if self._profiler is None:
-            return self.engine.step()
-        with torch.profiler.record_function("LLMEngine.step"):
-            return self.engine.step()
+        return self._profiler.step(self.engine.step)
 
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -193,15 +174,20 @@ class LLM:
         """Generate for every prompt; outputs in prompt order. A prompt is a string, a list of token
         ids, or vLLM's {"prompt": str} / {"prompt_token_ids": [...]}. ``sampling_params`` None: the
         model's defaults (get_default_sampling_params). Raises ValueError, running nothing, when any
-        prompt is refused."""
+        prompt is refused. Calls from several threads run one after the other (see ``_one_caller``)."""
+        with self._one_caller():
+            return self._generate(prompts, sampling_params, use_tqdm)
+
+    def _generate(self, prompts, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
         ids = self._submit(prompts, sampling_params)
         bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
         done: set[str] = set()
         try:
             while self.engine.has_unfinished_requests():
-                for request, _ in self._step():
-                    gid = request.group_id
-                    if gid not in done and self.engine.group_finished(gid):
+                # a group can only finish in a step where one of its completions did: check each such
+                # group once per step (linear in n, not a walk over all n siblings per token)
+                for gid in {r.group_id for r, _ in self._step() if r.is_finished} - done:
+                    if self.engine.group_finished(gid):
                         done.add(gid)
                         bar.update(1)
         except BaseException:
@@ -218,7 +204,17 @@ class LLM:
         completion per step). Text is held back while it may still become a stop string or is an
         incomplete character, so a completion's chunks concatenate to exactly its final text. A
         completion's last chunk has ``finished=True``; the chunk that finishes a prompt's last
-        completion carries the RequestOutput. Prompts are validated as in ``generate``."""
+        completion carries the RequestOutput. Prompts are validated as in ``generate``. The stream holds
+        the LLM until it is exhausted or closed: other threads' calls wait for it, and a call from the
+        thread that holds it suspended raises RuntimeError (its tokens would be lost otherwise)."""
+        with self._one_caller():
+            self._stream_owner = threading.get_ident()
+            try:
+                yield from self._stream(prompts, sampling_params)
+            finally:
+                self._stream_owner = None
+
+    def _stream(self, prompts, sampling_params) -> Iterator[StreamChunk]:
         index = {s: i for i, s in enumerate(self._submit(prompts, sampling_params))}
         engine = self.engine
         try:
@@ -248,42 +244,39 @@ class LLM:
         tokens (the template writes them). A tokenizer without a template raises ValueError."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         tok = self.get_tokenizer()
-        prompts = []
-        for conversation in conversations:
-            text = render_chat(tok, conversation, chat_template, add_generation_prompt,
-                               **(chat_template_kwargs or {}))
-            prompts.append({"prompt_token_ids": tok.encode(text, add_special_tokens=False),
-                            "prompt": text})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        with self._one_caller():  # the tokenizer too serves one caller at a time
+            prompts = []
+            for conversation in conversations:
+                text = render_chat(tok, conversation, chat_template, add_generation_prompt,
+                                   **(chat_template_kwargs or {}))
+                prompts.append({"prompt": text,
+                                "prompt_token_ids": self.engine.input_processor.encode(text, False)})
+            return self._generate(prompts, sampling_params, use_tqdm)
+
+    @contextmanager
+    def _one_caller(self):
+        """One call at a time: the engine's queue, its steps and the tokenizer serve one caller, so a
+        second thread's generate / chat / stream waits for the first to return (each returns what it
+        would alone). A call from the thread whose stream() is suspended would wait for itself (or run
+        the stream's requests and drop their tokens), so it raises instead."""
+        if self._stream_owner == threading.get_ident():
+            raise RuntimeError("a stream() of this LLM is in progress in this thread: exhaust it or call "
+                               "its close() before calling generate, chat or stream again (an LLM serves "
+                               "one caller at a time)")
+        with self._lock:
+            yield
 
     # -- profiling ------------------------------------------------------------------------------
     def start_profile(self, trace_dir: str | Path | None = None) -> None:
         """Start torch.profiler (CPU, and CUDA on a GPU) around the engine steps that follow; each step
         is a "LLMEngine.step" range in the trace. The trace goes to ``trace_dir``, else to
-        $VLLM_TORCH_PROFILER_DIR (vLLM's variable), else to a minirunner_profile temporary folder."""
-        if self._profiler is not None:
-            raise ValueError("a profile is already running: call stop_profile() first")
-        folder = trace_dir or os.environ.get("VLLM_TORCH_PROFILER_DIR") or \
-            Path(tempfile.gettempdir()) / "minirunner_profile"
-        self._profile_dir = Path(folder)
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if self.engine.config.device.type == "cuda":
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self._profiler = torch.profiler.profile(activities=activities)
-        self._profiler.start()
+        $VLLM_TORCH_PROFILER_DIR (vLLM's variable), else to a new private temporary folder."""
+        self._profiler.start(trace_dir)
 
     def stop_profile(self) -> Path:
         """Stop the profiler and write its Chrome / Perfetto trace (open it at ui.perfetto.dev);
         prints and returns the file's path."""
-        if self._profiler is None:
-            raise ValueError("no profile is running: call start_profile() first")
-        profiler, self._profiler = self._profiler, None
-        profiler.stop()
-        self._profile_dir.mkdir(parents=True, exist_ok=True)
-        path = self._profile_dir / f"minirunner_trace_{os.getpid()}_{time.time_ns()}.json"
-        profiler.export_chrome_trace(str(path))
-        print(f"profiler trace written to {path} (open it at https://ui.perfetto.dev)")
-        return path
+        return self._profiler.stop()
 
     # -- introspection --------------------------------------------------------------------------
     def get_step_trace(self) -> list[dict]:

@@ -4,13 +4,18 @@ Owns checking the vLLM engine arguments a script passes without thinking (``trus
 ``tensor_parallel_size`` (its type here; what a model and the other options allow: EngineConfig),
 ``kv_cache_dtype``, ``quantization``, ...): each is accepted at the values
 that mean the same here, and any other value raises ValueError naming the argument and why. An
-argument neither vLLM nor minirunner knows raises ValueError too (never a bare TypeError). It never
-builds an engine.
+argument neither vLLM nor minirunner knows raises ValueError too (never a bare TypeError). Also the
+engine seed's range and what ``device`` / ``dtype="auto"`` resolve to. It never builds an engine.
 """
 
 from __future__ import annotations
 
 import random
+
+import torch
+
+from minirunner.config import parse_dtype
+from minirunner.limits import check_seed
 
 _ONE_DEVICE = "one engine shards a model over tensor_parallel_size devices only (no pipeline or data " \
     "parallelism)"
@@ -95,11 +100,11 @@ def check_named_vllm_args(trust_remote_code, tensor_parallel_size, kv_cache_dtyp
 
 
 def resolve_seed(seed: int | None) -> int:
-    """vLLM's engine seed: an integer seeds the engine's random state; None draws a fresh one."""
-    if seed is None:
+    """vLLM's engine seed: an integer in [0, 2**63) seeds the engine's random state; None (or -1, as
+    for a request) draws a fresh one."""
+    if seed is None or (seed == -1 and not isinstance(seed, bool)):
         return random.SystemRandom().randrange(2**31)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer or None, got {seed!r}")
+    check_seed("seed", seed)
     return seed
 
 
@@ -118,3 +123,25 @@ def resolve_generation_config(generation_config: str, model_dir: str) -> str | N
     raise ValueError(f"generation_config must be 'auto' (the model's generation_config.json), 'vllm' "
                      f"(ignore it) or a directory holding a generation_config.json, got "
                      f"{generation_config!r}")
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """'auto' (cuda when there is one, else cpu), 'cpu' or 'cuda[:i]'; ValueError for anything else."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but no CUDA device is available; "
+                         "use device='cpu'")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device} is not supported; use 'cpu', 'cuda' or 'auto'")
+    return device
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device, config_dtype: str | None):
+    """'auto': float32 on a CPU, the checkpoint's half type on a GPU (bf16 if it names none)."""
+    if dtype != "auto":
+        return parse_dtype(dtype)
+    if device.type == "cpu":
+        return torch.float32  # exact and fast enough for the small models a CPU runs
+    return parse_dtype(config_dtype) if config_dtype in ("bfloat16", "float16") else torch.bfloat16
