@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", formatter_class=fmt, help="reservation policies against paging")
     c.add_argument("--workload", choices=("sharegpt", "alpaca"), default="sharegpt",
                    help="synthetic lengths with the paper's mean prompt/output lengths")
-    c.add_argument("-n", "--requests", type=bounded_int(1, 100_000), default=1000,
+    c.add_argument("-n", "--requests", type=bounded_int(1, 10_000), default=1000,
                    help="number of requests")
     c.add_argument("-s", "--seed", type=int, default=0, help="seed of the workload")
     c.add_argument("--budget", type=bounded_int(1, 1 << 40), default=15_728,
