@@ -1,9 +1,11 @@
 """LLM: the offline API, mirroring vLLM's ``LLM(model=...).generate(prompts, sampling_params)``.
 
 Owns turning user arguments into an EngineConfig, submitting a batch, driving the engine until it is
-done, streaming, chat, and the profiler around the steps. Every prompt of a call is validated before
-any is run (minirunner/engine/input_processor.py): a bad one raises ValueError naming its index, and nothing
-was started, so nothing is lost. vLLM arguments that are not ours are checked in minirunner/llm_args.py.
+done, streaming, chat, and serving one caller at a time (a lock). Sizes, counts and seeds are checked
+before anything is built (minirunner/limits.py); the profiler is minirunner/profiler.py. Every prompt of
+a call is validated before any is run (minirunner/engine/input_processor.py): a bad one raises ValueError
+naming its index, and nothing was started, so nothing is lost. vLLM arguments that are not ours are
+checked in minirunner/llm_args.py.
 """
 
 from __future__ import annotations
