@@ -75,6 +75,20 @@ def _llm_kwargs(args) -> dict:
                 num_threads=args.num_threads if args.num_threads == "auto" else _int(args.num_threads))
 
 
+def _bounded(low: int, high: int):
+    """An argparse type: an integer within [low, high] (argparse reports anything else, exit code 2)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be within [{low}, {high}], got {value}")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
 def _int(text: str) -> int | str:
     try:
         return int(text)
@@ -121,20 +135,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--workload", default="nano", choices=WORKLOADS,
                        help="nano: uniform lengths (nano-vllm's bench); sharegpt / alpaca: the vLLM "
                             "paper's length means scaled to max_model_len; fixed: --input-len/--output-len")
-    bench.add_argument("--num-requests", type=int, default=64)
-    bench.add_argument("--input-len", type=int, nargs=2, default=[8, 96], metavar=("MIN", "MAX"),
+    bench.add_argument("--num-requests", type=_bounded(1, 100_000), default=64)
+    bench.add_argument("--input-len", type=_bounded(1, 1 << 20), nargs=2, default=[8, 96],
+                       metavar=("MIN", "MAX"),
                        help="prompt length range (nano) or the fixed length (fixed: MIN)")
-    bench.add_argument("--output-len", type=int, nargs=2, default=[16, 160], metavar=("MIN", "MAX"),
+    bench.add_argument("--output-len", type=_bounded(1, 1 << 20), nargs=2, default=[16, 160],
+                       metavar=("MIN", "MAX"),
                        help="output length range (nano) or the fixed length (fixed: MIN)")
-    bench.add_argument("--seed", type=int, default=0, help="seeds lengths and token ids")
+    bench.add_argument("--seed", type=_bounded(0, 2**63 - 1), default=0, help="seeds lengths and token ids")
     bench.add_argument("--compare", action="append", default=[], choices=COMPARE,
                        help="also run this baseline on the same prompts (repeatable)")
-    bench.add_argument("--hf-batch-size", type=int, default=16,
+    bench.add_argument("--hf-batch-size", type=_bounded(1, 4096), default=16,
                        help="static batch size of the transformers baseline")
     bench.add_argument("--warmup", default="short", choices=["short", "workload"],
                        help="before each timed run: two short requests (short) or the whole workload "
                             "once, untimed (workload: steady state, no first-time costs)")
-    bench.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="KV budget in bytes")
+    bench.add_argument("--kv-cache-memory-bytes", type=_bounded(1, 1 << 62), default=None,
+                       help="KV budget in bytes")
     bench.add_argument("--json", default=None, help="write the report as JSON here")
     bench.add_argument("--plot", default=None, help="write throughput / KV utilisation over time (PNG)")
     bench.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -210,7 +227,18 @@ def _bench(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for flag in ("input_len", "output_len"):
+        low, high = getattr(args, flag, None) or (0, 0)
+        if low > high:
+            parser.error(f"--{flag.replace('_', '-')} MIN MAX: MIN ({low}) must not exceed MAX ({high})")
+    for i, prompt in enumerate(getattr(args, "prompts", None) or []):
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:  # bytes the shell passed that are not UTF-8 (Python keeps them escaped)
+            print(f"error: prompt {i} is not valid UTF-8 text; pass prompts as UTF-8", file=sys.stderr)
+            return 2
     if getattr(args, "handler", None) is not None:  # serve (minirunner/entrypoints/openai/cli_args.py)
         return args.handler(args)
     return _generate(args) if args.command == "generate" else _bench(args)

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import torch
 
+from minirunner.config_check import check_config_dict
 from minirunner.engine.request_queue import check_policy
+from minirunner.limits import check_engine_memory, check_finite, check_int, check_threads
 
 # architecture name -> (q/k/v projections carry a bias, per-head RMSNorm on q and k)
 SUPPORTED_ARCHITECTURES = {
@@ -91,22 +93,29 @@ class ModelConfig:
         if not path.is_dir():
             raise ValueError(f"model directory {str(model_dir)!r} does not exist")
         cfg_file = path / "config.json"
+        if cfg_file.exists() and not cfg_file.is_file():
+            raise ValueError(f"{str(cfg_file)!r} is not a regular file (a FIFO, a device or a directory)")
         if not cfg_file.is_file():
             raise ValueError(f"{str(model_dir)!r} holds no config.json: point model= at a Hugging "
                              "Face checkpoint directory (config.json + *.safetensors)")
         try:
-            cfg = json.loads(cfg_file.read_text())
-        except json.JSONDecodeError as e:
+            cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"config.json in {str(model_dir)!r} is not valid JSON: {e}") from e
-        return cls.from_dict(cfg)
+        return cls.from_dict(cfg, str(cfg_file))
 
     @classmethod
-    def from_dict(cls, cfg: dict) -> ModelConfig:
+    def from_dict(cls, cfg: dict, where: str = "config.json") -> ModelConfig:
+        """The architecture of a parsed config.json; ``where`` names the file in errors."""
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{where}: must hold a JSON object ({{...}}), got a {type(cfg).__name__}")
         archs = cfg.get("architectures") or []
-        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        arch = next((a for a in archs if isinstance(a, str) and a in SUPPORTED_ARCHITECTURES), None) \
+            if isinstance(archs, list) else None
         if arch is None:
             raise ValueError(f"architecture {archs or cfg.get('model_type')!r} is not supported; "
                              f"minirunner runs {sorted(SUPPORTED_ARCHITECTURES)}")
+        check_config_dict(cfg, where)  # every field's type and range, before any is used
         bias_default, qk_norm = SUPPORTED_ARCHITECTURES[arch]
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {cfg['hidden_act']!r} is not supported (only 'silu')")
@@ -203,24 +212,22 @@ class EngineConfig:
             raise ValueError(f"graph_mode='compile' needs attention_backend='torch' (got "
                              f"{self.attention_backend!r}): torch.compile traces the torch backend; the "
                              "Triton/FlashInfer kernels are captured with graph_mode='cuda'")
-        if not (self.num_threads in (None, "auto") or (isinstance(self.num_threads, int)
-                                                        and self.num_threads >= 1)):
-            raise ValueError(f"num_threads must be 'auto', None (leave torch's setting) or an integer "
-                             f">= 1, got {self.num_threads!r}")
+        check_threads(self.num_threads)
         check_policy(self.scheduling_policy)
         if self.kv_layout not in KV_LAYOUTS:
             raise ValueError(f"kv_layout must be one of {list(KV_LAYOUTS)}, got {self.kv_layout!r}")
         if self.kv_layout != "paged" and self.enable_prefix_caching:
             raise ValueError("prefix caching shares blocks between requests, which a contiguous "
                              "reservation cannot: use kv_layout='paged' or enable_prefix_caching=False")
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            check_int(name, getattr(self, name))
+        for name in ("num_kv_blocks", "kv_cache_memory_bytes", "max_model_len"):
+            check_int(name, getattr(self, name), optional=True)
+        check_finite("gpu_memory_utilization", self.gpu_memory_utilization)
+        if self.tokenizer is not None:
+            from minirunner.tokenizer import check_tokenizer_dir
+
+            check_tokenizer_dir(self.tokenizer)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         limit = model_config.max_position_embeddings
@@ -234,6 +241,7 @@ class EngineConfig:
             raise ValueError(f"the model uses sliding-window attention (window {window}), which "
                              f"minirunner does not implement; pass max_model_len <= {window} so the "
                              "window never applies")
+        check_engine_memory(self, model_config)  # before anything is allocated
         if self.cudagraph_capture_sizes is not None:
             self.cudagraph_capture_sizes = capture_sizes(self.max_num_seqs, self.cudagraph_capture_sizes)
 

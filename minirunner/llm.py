@@ -1,18 +1,19 @@
 """LLM: the offline API, mirroring vLLM's ``LLM(model=...).generate(prompts, sampling_params)``.
 
 Owns turning user arguments into an EngineConfig, submitting a batch, driving the engine until it is
-done, streaming, chat, and the profiler around the steps. Every prompt of a call is validated before
-any is run (minirunner/engine/input_processor.py): a bad one raises ValueError naming its index, and nothing
-was started, so nothing is lost. vLLM arguments that are not ours are checked in minirunner/llm_args.py.
+done, streaming, chat, and serving one caller at a time (a lock). Sizes, counts and seeds are checked
+before anything is built (minirunner/limits.py); the profiler is minirunner/profiler.py. Every prompt of
+a call is validated before any is run (minirunner/engine/input_processor.py): a bad one raises ValueError
+naming its index, and nothing was started, so nothing is lost. vLLM arguments that are not ours are
+checked in minirunner/llm_args.py.
 """
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
-import time
+import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -32,7 +33,9 @@ from minirunner.llm_args import (
     resolve_generation_config,
     resolve_seed,
 )
+from minirunner.model.loader import check_checkpoint
 from minirunner.outputs import RequestOutput, StreamChunk
+from minirunner.profiler import StepProfiler
 from minirunner.sampling_params import SamplingParams
 from minirunner.tokenizer import render_chat
 
@@ -84,8 +87,9 @@ class LLM:
                                  "asks for graphs: pass one of them")
             graph_mode = "none"
         model_config = ModelConfig.from_dir(model)
+        check_checkpoint(model, model_config)  # headers only: before any worker starts or layer is built
         engine_seed = resolve_seed(seed)
-        if seed is not None:  # as vLLM: the seed also fixes the caller's Python and NumPy random state
+        if seed not in (None, -1):  # as vLLM: the seed also fixes the caller's Python and NumPy random state
             random.seed(engine_seed)
             np.random.seed(engine_seed % 2**32)
         config = EngineConfig(
@@ -105,8 +109,8 @@ class LLM:
         generation_dir = resolve_generation_config(generation_config, str(model))
         self._default_sampling = {} if generation_dir is None else sampling_defaults(generation_dir)
         self.engine = LLMEngine(config, model_config)
-        self._profiler: torch.profiler.profile | None = None
-        self._profile_dir: Path | None = None
+        self._profiler = StepProfiler(device)
+        self._lock, self._stream_owner = threading.Lock(), None  # see _one_caller
 
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (also on del, at exit, at the end of ``with``)."""
@@ -167,27 +171,30 @@ class LLM:
         return ids
 
     def _step(self):
-        if self._profiler is None:
-            return self.engine.step()
-        with torch.profiler.record_function("LLMEngine.step"):
-            return self.engine.step()
+        return self._profiler.step(self.engine.step)
 
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
         """Generate for every prompt; outputs in prompt order. A prompt is a string, a list of token
         ids, or vLLM's {"prompt": str} / {"prompt_token_ids": [...]}. ``sampling_params`` None: the
-        model's defaults (get_default_sampling_params). ``priority``: one integer per prompt, lower
-        served first (needs LLM(scheduling_policy="priority") unless all 0). Raises ValueError, running
-        nothing, when any prompt is refused."""
+        model's defaults (get_default_sampling_params). Raises ValueError, running nothing, when any
+        prompt is refused. ``priority``: one integer per prompt, lower served first (needs
+        LLM(scheduling_policy="priority") unless all 0). Calls from several threads run one after the
+        other (see ``_one_caller``)."""
+        with self._one_caller():
+            return self._generate(prompts, sampling_params, use_tqdm, priority)
+
+    def _generate(self, prompts, sampling_params, use_tqdm: bool, priority=None) -> list[RequestOutput]:
         ids = self._submit(prompts, sampling_params, priority)
         bar = tqdm(total=len(ids), desc="generate", disable=not use_tqdm)
         done: set[str] = set()
         try:
             while self.engine.has_unfinished_requests():
-                for request, _ in self._step():
-                    gid = request.group_id
-                    if gid not in done and self.engine.group_finished(gid):
+                # a group can only finish in a step where one of its completions did: check each such
+                # group once per step (linear in n, not a walk over all n siblings per token)
+                for gid in {r.group_id for r, _ in self._step() if r.is_finished} - done:
+                    if self.engine.group_finished(gid):
                         done.add(gid)
                         bar.update(1)
         except BaseException:
@@ -204,7 +211,17 @@ class LLM:
         completion per step). Text is held back while it may still become a stop string or is an
         incomplete character, so a completion's chunks concatenate to exactly its final text. A
         completion's last chunk has ``finished=True``; the chunk that finishes a prompt's last
-        completion carries the RequestOutput. Prompts are validated as in ``generate``."""
+        completion carries the RequestOutput. Prompts are validated as in ``generate``. The stream holds
+        the LLM until it is exhausted or closed: other threads' calls wait for it, and a call from the
+        thread that holds it suspended raises RuntimeError (its tokens would be lost otherwise)."""
+        with self._one_caller():
+            self._stream_owner = threading.get_ident()
+            try:
+                yield from self._stream(prompts, sampling_params, priority)
+            finally:
+                self._stream_owner = None
+
+    def _stream(self, prompts, sampling_params, priority) -> Iterator[StreamChunk]:
         index = {s: i for i, s in enumerate(self._submit(prompts, sampling_params, priority))}
         engine = self.engine
         try:
@@ -234,41 +251,37 @@ class LLM:
         tokens (the template writes them). A tokenizer without a template raises ValueError."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         tok = self.get_tokenizer()
-        prompts = []
-        for conversation in conversations:
-            text = render_chat(tok, conversation, chat_template, add_generation_prompt,
-                               **(chat_template_kwargs or {}))
-            prompts.append({"prompt_token_ids": tok.encode(text, add_special_tokens=False),
-                            "prompt": text})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        with self._one_caller():  # the tokenizer too serves one caller at a time
+            prompts = []
+            for conversation in conversations:
+                text = render_chat(tok, conversation, chat_template, add_generation_prompt,
+                                   **(chat_template_kwargs or {}))
+                prompts.append({"prompt": text,
+                                "prompt_token_ids": self.engine.input_processor.encode(text, False)})
+            return self._generate(prompts, sampling_params, use_tqdm)
+
+    @contextmanager
+    def _one_caller(self):
+        """One call at a time: a second thread's generate / chat / stream waits for the first (each
+        returns what it would alone). A call from the thread whose stream() is suspended would wait for
+        itself (or drop the stream's tokens), so it raises instead."""
+        if self._stream_owner == threading.get_ident():
+            raise RuntimeError("a stream() of this LLM is in progress in this thread: exhaust it or call "
+                               "its close() before calling generate, chat or stream again (an LLM serves "
+                               "one caller at a time)")
+        with self._lock:
+            yield
 
     # -- profiling ------------------------------------------------------------------------------
     def start_profile(self, trace_dir: str | Path | None = None) -> None:
         """Start torch.profiler (CPU, and CUDA on a GPU) around the engine steps that follow; each step
         is a "LLMEngine.step" range in the trace. The trace goes to ``trace_dir``, else to
-        $VLLM_TORCH_PROFILER_DIR (vLLM's variable), else to a minirunner_profile temporary folder."""
-        if self._profiler is not None:
-            raise ValueError("a profile is already running: call stop_profile() first")
-        folder = trace_dir or os.environ.get("VLLM_TORCH_PROFILER_DIR") or \
-            Path(tempfile.gettempdir()) / "minirunner_profile"
-        self._profile_dir = Path(folder)
-        activities = [torch.profiler.ProfilerActivity.CPU] + (
-            [torch.profiler.ProfilerActivity.CUDA] if self.engine.config.device.type == "cuda" else [])
-        self._profiler = torch.profiler.profile(activities=activities)
-        self._profiler.start()
+        $VLLM_TORCH_PROFILER_DIR (vLLM's variable), else to a new private temporary folder."""
+        self._profiler.start(trace_dir)
 
     def stop_profile(self) -> Path:
-        """Stop the profiler and write its Chrome / Perfetto trace (open it at ui.perfetto.dev);
-        prints and returns the file's path."""
-        if self._profiler is None:
-            raise ValueError("no profile is running: call start_profile() first")
-        profiler, self._profiler = self._profiler, None
-        profiler.stop()
-        self._profile_dir.mkdir(parents=True, exist_ok=True)
-        path = self._profile_dir / f"minirunner_trace_{os.getpid()}_{time.time_ns()}.json"
-        profiler.export_chrome_trace(str(path))
-        print(f"profiler trace written to {path} (open it at https://ui.perfetto.dev)")
-        return path
+        """Stop the profiler, write its Chrome / Perfetto trace (ui.perfetto.dev), print its path."""
+        return self._profiler.stop()
 
     # -- introspection --------------------------------------------------------------------------
     def get_step_trace(self) -> list[dict]:

@@ -4,13 +4,15 @@ Owns checking the vLLM engine arguments a script passes without thinking (``trus
 ``tensor_parallel_size`` (its type here; what a model and the other options allow: EngineConfig),
 ``kv_cache_dtype``, ``quantization``, ...): each is accepted at the values
 that mean the same here, and any other value raises ValueError naming the argument and why. An
-argument neither vLLM nor minirunner knows raises ValueError too (never a bare TypeError). It never
-builds an engine.
+argument neither vLLM nor minirunner knows raises ValueError too (never a bare TypeError). Also the
+engine seed's range and what ``device`` / ``dtype="auto"`` resolve to. It never builds an engine.
 """
 
 from __future__ import annotations
 
 import random
+
+from minirunner.limits import check_seed
 
 _ONE_DEVICE = "one engine shards a model over tensor_parallel_size devices only (no pipeline or data " \
     "parallelism)"
@@ -95,11 +97,11 @@ def check_named_vllm_args(trust_remote_code, tensor_parallel_size, kv_cache_dtyp
 
 
 def resolve_seed(seed: int | None) -> int:
-    """vLLM's engine seed: an integer seeds the engine's random state; None draws a fresh one."""
-    if seed is None:
+    """vLLM's engine seed: an integer in [0, 2**63) seeds the engine's random state; None (or -1, as
+    for a request) draws a fresh one."""
+    if seed is None or (seed == -1 and not isinstance(seed, bool)):
         return random.SystemRandom().randrange(2**31)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer or None, got {seed!r}")
+    check_seed("seed", seed)
     return seed
 
 

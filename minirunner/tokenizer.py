@@ -11,12 +11,26 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 TOKENIZER_MODES = ("auto", "hf", "slow")
 
 
+def check_tokenizer_dir(tokenizer_dir: str | Path) -> None:
+    """An explicit ``tokenizer=`` directory must exist and hold tokenizer files (never silently ignored)."""
+    path = Path(tokenizer_dir)
+    if not path.is_dir() or not any((path / f).exists() for f in _TOKENIZER_FILES):
+        raise ValueError(f"tokenizer={str(tokenizer_dir)!r} is not a directory holding tokenizer files "
+                         f"({', '.join(_TOKENIZER_FILES)}): pass a tokenizer directory, or leave tokenizer "
+                         "unset to use the model's")
+
+
 def load_tokenizer(model_dir: str | Path, tokenizer_mode: str = "auto"):
     if tokenizer_mode not in TOKENIZER_MODES:
         raise ValueError(f"tokenizer_mode={tokenizer_mode!r} is not supported here: use one of "
                          f"{TOKENIZER_MODES} ('mistral' needs mistral_common, 'custom' a plugin)")
     model_dir = Path(model_dir)
-    if not any((model_dir / f).is_file() for f in _TOKENIZER_FILES):
+    present = [model_dir / f for f in _TOKENIZER_FILES if (model_dir / f).exists()]
+    odd = [p.name for p in present if not p.is_file()]
+    if odd:  # transformers would block forever reading a FIFO
+        raise ValueError(f"tokenizer files {odd} in {str(model_dir)!r} are not regular files (a FIFO, a "
+                         "device or a directory)")
+    if not present:
         return None
     from transformers import AutoTokenizer
 

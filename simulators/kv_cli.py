@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from simulators.cli_types import bounded_int
+
 DESCRIPTION = """\
 KV-cache memory, from the command line (notebook 02 runs the same functions).
 
@@ -38,11 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", formatter_class=fmt, help="reservation policies against paging")
     c.add_argument("--workload", choices=("sharegpt", "alpaca"), default="sharegpt",
                    help="synthetic lengths with the paper's mean prompt/output lengths")
-    c.add_argument("-n", "--requests", type=int, default=1000, help="number of requests")
+    c.add_argument("-n", "--requests", type=bounded_int(1, 10_000), default=1000,
+                   help="number of requests")
     c.add_argument("-s", "--seed", type=int, default=0, help="seed of the workload")
-    c.add_argument("--budget", type=int, default=15_728,
+    c.add_argument("--budget", type=bounded_int(1, 1 << 40), default=15_728,
                    help="KV budget in token slots (15,728 = 12 GiB of OPT-13B KV)")
-    c.add_argument("--block-size", type=int, default=16, help="block size of the paged policy")
+    c.add_argument("--block-size", type=bounded_int(1, 1 << 20), default=16,
+                   help="block size of the paged policy")
     return parser
 
 

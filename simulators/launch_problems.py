@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from simulators.buckets import capture_sizes, padded_batch_size
+from simulators.cli_types import bounded_int, finite_float
 from simulators.exercises import Exercise, ImplementIt, Verdict, parse_choice, parse_float
 from simulators.launch import StepResult, simulate
 
@@ -230,9 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "save? Each seed draws a step: operators with their device times, a launch cost "
                     "and other host work.")
     parser.add_argument("-s", "--seed", type=int, default=0, help="the same seed gives the same problem")
-    parser.add_argument("-n", "--numkernels", type=int, default=None,
+    parser.add_argument("-n", "--numkernels", type=bounded_int(1, 1000), default=None,
                         help="operators in the step (default: drawn from the seed, 6-12)")
-    parser.add_argument("-l", "--launch", type=float, default=None,
+    parser.add_argument("-l", "--launch", type=finite_float(0, 1000), default=None,
                         help="host µs per launch (default: drawn from the seed, 2-12)")
     parser.add_argument("-c", "--compute", action="store_true", help="show the answers")
     ns = parser.parse_args(argv)

@@ -9,13 +9,19 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from simulators.cli_types import bounded_int, finite_float
 from simulators.paging import parse_size, random_trace, simulate_policy
 from simulators.paging_problems import (
+    MAX_ADDRESSES,
     LinearProblem,
     MultilevelProblem,
     random_linear_problem,
     random_multilevel_problem,
 )
+
+# policy / tlb: a trace printed line by line, and frames / TLB entries; OPT scans ahead of each miss,
+# so these bounds keep one run to seconds
+MAX_TRACE, MAX_CACHE = 10_000, 1_000
 
 DESCRIPTION = """\
 Practice problems on paging, like the OSTEP homework simulators. Each run prints a problem; the
@@ -176,9 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("-A", "--addresses", default="-1",
                     help="your own comma-separated virtual addresses, e.g. 0x3229,4969 "
                          "(replaces -n; -1 means random ones)")
-    tr.add_argument("-u", "--used", type=float, default=50,
+    tr.add_argument("-u", "--used", type=finite_float(0, 100), default=50,
                     help="percent of virtual pages that are valid (belong to the program)")
-    tr.add_argument("-w", "--swapped", type=float, default=0,
+    tr.add_argument("-w", "--swapped", type=finite_float(0, 100), default=0,
                     help="percent of valid pages that are swapped out (valid, not present); "
                          "above 0 the entries gain a PRESENT bit (bit 30)")
     tr.add_argument("-v", "--verbose", action="store_true",
@@ -190,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "space, 32-byte pages, code at the bottom, heap above it, stack "
                                     "at the top.")
     ml.add_argument("-s", "--seed", type=int, default=0, help="problem number: same seed, same problem")
-    ml.add_argument("-n", "--numaddrs", type=int, default=5, help="how many addresses to translate")
+    ml.add_argument("-n", "--numaddrs", type=bounded_int(0, MAX_ADDRESSES), default=5,
+                    help="how many addresses to translate")
     ml.add_argument("-p", "--physpages", type=int, default=128, help="physical pages (2..128)")
     ml.add_argument("--code", type=int, default=6, help="pages of code, from virtual page 0")
     ml.add_argument("--heap", type=int, default=10, help="pages of heap, a little above the code")
@@ -204,11 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
                            description=f"Hits and misses of {helptext.lower()} over a trace of "
                                        "page numbers, starting empty.")
         p.add_argument("-s", "--seed", type=int, default=0, help="seed of the random trace")
-        p.add_argument("-n", "--numaddrs", type=int, default=10, help="length of the random trace")
-        p.add_argument("-m", "--maxpage", type=int, default=10, help="largest page number in the trace")
+        p.add_argument("-n", "--numaddrs", type=bounded_int(0, MAX_TRACE), default=10,
+                       help="length of the random trace")
+        p.add_argument("-m", "--maxpage", type=bounded_int(0, 2**31 - 1), default=10,
+                       help="largest page number in the trace")
         p.add_argument("-A", "--addresses", default="",
                        help="your own comma-separated trace, e.g. 1,2,3,1 (replaces -s, -n, -m)")
-        p.add_argument("-C", "--cachesize", type=int, default=3, help=what)
+        p.add_argument("-C", "--cachesize", type=bounded_int(1, MAX_CACHE), default=3, help=what)
         p.add_argument("-p", "--policy", default=default_policy, help="FIFO, LRU, OPT or CLOCK")
         answers(p)
     return parser

@@ -7,7 +7,7 @@ ModelRunner, the workers in lockstep). The sharded layers themselves live in
 ``minirunner/model/tensor_parallel.py``.
 """
 
-from minirunner.distributed.group import TPContext, backend_for, free_port, init_group
+from minirunner.distributed.group import TPContext, backend_for, bind_loopback, init_group
 from minirunner.distributed.workers import WorkerError, WorkerGroup
 
-__all__ = ["TPContext", "WorkerError", "WorkerGroup", "backend_for", "free_port", "init_group"]
+__all__ = ["TPContext", "WorkerError", "WorkerGroup", "backend_for", "bind_loopback", "init_group"]

@@ -1,7 +1,8 @@
 """One tensor-parallel process group: joining it, and the rank state the sharded model is handed.
 
-Owns choosing the backend (gloo on a CPU, NCCL on CUDA), the localhost rendezvous on a free port (a TCP
-store rank 0 serves; the group is standalone, not torch.distributed's default one), and
+Owns choosing the backend (gloo on a CPU, NCCL on CUDA), the loopback-only rendezvous (a TCP store rank
+0 serves on a socket it bound to 127.0.0.1 itself; gloo's pair sockets pinned to 127.0.0.1 too; the
+group is standalone, not torch.distributed's default one), and
 :class:`TPContext`, the small object every sharded layer receives explicitly (rank, world size, group)
 with the two collectives tensor parallelism needs: an all-reduce after a row-parallel matmul and an
 all-gather of vocabulary shards. Nothing in the model reads a global or ``torch.distributed``'s default
@@ -28,24 +29,42 @@ def backend_for(device: str | torch.device) -> str:
     raise ValueError(f"tensor parallelism runs on 'cpu' (gloo) or 'cuda' (NCCL), not device={kind!r}")
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now (the OS picks it); the rendezvous binds it next."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+LOOPBACK = "127.0.0.1"
 
 
-@dataclass(frozen=True)
+def bind_loopback() -> socket.socket:
+    """A TCP socket bound to 127.0.0.1 on a port the OS picks, for rank 0's store to listen on.
+
+    Handing the store an already-bound socket (``master_listen_fd``) matters twice: torch's store,
+    given only a port, listens on every interface (``*:port``, reachable from the network, with no
+    authentication), and a port probed free and bound later could be taken in between."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((LOOPBACK, 0))
+    return sock
+
+
+@dataclass(eq=False)
 class TPContext:
     """Where this process sits in a tensor-parallel group. ``group`` None means one device (world 1).
 
     ``group`` is a standalone process group (a gloo or NCCL backend object over its own TCP store), not
     ``torch.distributed``'s default group: one process may hold several (two tensor-parallel LLMs at
-    once), and dropping the context frees it."""
+    once). ``close()`` shuts the group down and drops it and the store at once (every sharded layer
+    holds this same object, so nothing keeps their sockets open until garbage collection)."""
 
     rank: int = 0
     world_size: int = 1
     group: object | None = None
+    store: object | None = None
+
+    def close(self) -> None:
+        """Shut the process group down and drop it and its store (their sockets close now)."""
+        group, self.group, self.store = self.group, None, None
+        if group is not None and hasattr(group, "shutdown"):
+            try:
+                group.shutdown()
+            except RuntimeError:
+                pass  # a group whose peer died may refuse a clean shutdown; dropping it frees it
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over the ranks, in place; returns it (the row-parallel matmul's partial sums)."""
@@ -63,9 +82,10 @@ class TPContext:
 
 
 def init_group(rank: int, world_size: int, port: int, device: str | torch.device,
-               timeout_s: float = 300.0) -> TPContext:
+               timeout_s: float = 300.0, listen_fd: int | None = None) -> TPContext:
     """Join the group at 127.0.0.1:``port`` (rank 0 serves the TCP store there) as ``rank`` of
-    ``world_size``; returns its context.
+    ``world_size``; returns its context. Rank 0 passes ``listen_fd``, the socket ``bind_loopback``
+    bound to ``port`` (the store takes it over and closes it).
 
     On CUDA, rank r uses device cuda:r. ``timeout_s`` bounds the rendezvous and each gloo collective (a
     peer that stops answering without closing its socket). A peer that dies closes its sockets, and
@@ -74,10 +94,18 @@ def init_group(rank: int, world_size: int, port: int, device: str | torch.device
         raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
     backend = backend_for(device)
     timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore("127.0.0.1", port, world_size, rank == 0, timeout)
+    if (rank == 0) != (listen_fd is not None):
+        raise ValueError("rank 0 serves the store on listen_fd (from bind_loopback); the others pass none")
+    store = dist.TCPStore(LOOPBACK, port, world_size, rank == 0, timeout, master_listen_fd=listen_fd)
     if backend == "nccl":
         torch.cuda.set_device(rank)  # rank r drives cuda:r
         group = dist.ProcessGroupNCCL(store, rank, world_size)
     else:
-        group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
-    return TPContext(rank, world_size, group)
+        # gloo's pair sockets on loopback too: by default gloo binds the address the host name
+        # resolves to, which may be a LAN address. torch offers a chosen device only through these
+        # options (torch has no public spelling for them).
+        options = dist.ProcessGroupGloo._Options()  # noqa: SLF001
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=LOOPBACK)]  # noqa: SLF001
+        options._timeout = timeout  # noqa: SLF001
+        group = dist.ProcessGroupGloo(store, rank, world_size, options)
+    return TPContext(rank, world_size, group, store)

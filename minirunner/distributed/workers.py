@@ -39,7 +39,8 @@ from multiprocessing.connection import wait
 import torch
 import torch.multiprocessing as mp
 
-from minirunner.distributed.group import TPContext, free_port, init_group
+from minirunner.distributed.group import TPContext, bind_loopback, init_group
+from minirunner.distributed.main_guard import check_main_guard
 
 
 class WorkerError(RuntimeError):
@@ -87,10 +88,13 @@ class WorkerGroup:
                  timeout_s: float = 300.0):
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size={world_size!r} must be a positive int")
+        check_main_guard()  # before any process starts
         self.world_size, self.timeout_s = world_size, timeout_s
         self._closed, self._broken, self._pending = False, False, 0
         self.procs, self.conns = [], []
-        port, spawn = free_port(), mp.get_context("spawn")
+        self.ctx = self.local = None
+        listener = bind_loopback()  # rank 0's store listens on it (loopback only); bound before any
+        port, spawn = listener.getsockname()[1], mp.get_context("spawn")  # worker is told the port
         for rank in range(1, world_size):
             parent, child = spawn.Pipe()
             proc = spawn.Process(target=_worker_main, name=f"minirunner-tp-rank{rank}", daemon=True,
@@ -101,21 +105,22 @@ class WorkerGroup:
             self.conns.append(parent)
         atexit.register(_close_ref, weakref.ref(self))
         try:
-            self.ctx = self._join(port, device)
+            self.ctx = self._join(port, device, listener.detach())  # the store owns the fd now
             self.local = factory(self.ctx, *args)
             self._replies()
         except BaseException:
+            listener.close()  # a no-op once detached
             self._broken = True
             self.close()
             raise
 
-    def _join(self, port: int, device) -> TPContext:
+    def _join(self, port: int, device, listen_fd: int) -> TPContext:
         """Join the group in a thread, so a worker that dies before joining raises here at once."""
         box: dict = {}
 
         def join():
             try:
-                box["ctx"] = init_group(0, self.world_size, port, device)
+                box["ctx"] = init_group(0, self.world_size, port, device, listen_fd=listen_fd)
             except BaseException as e:  # noqa: BLE001 - handed to the main thread
                 box["error"] = e
 
@@ -150,8 +155,12 @@ class WorkerGroup:
         one driver step can hand the workers several commands in the order its collectives run."""
         if self._closed or self._broken:
             raise RuntimeError("this tensor-parallel group is closed or failed earlier; start a new one")
-        for conn in self.conns:
-            conn.send((method, args, kwargs))
+        for rank, (proc, conn) in enumerate(zip(self.procs, self.conns, strict=True), 1):
+            try:
+                conn.send((method, args, kwargs))
+            except OSError as e:  # a worker that died between calls closed its end of the pipe
+                raise WorkerError(f"tensor-parallel worker rank {rank} (pid {proc.pid}) is gone (exit "
+                                  f"code {proc.exitcode}): its command pipe is closed ({e})") from e
         self._pending += 1
 
     def run_posted(self, local):
@@ -228,7 +237,9 @@ class WorkerGroup:
                 proc.join()
         for conn in self.conns:
             conn.close()
-        self.local = self.ctx = None  # frees rank 0's shard and its process group
+        if self.ctx is not None:  # the runner still holds the shard: shut its group down now
+            self.ctx.close()
+        self.local = self.ctx = None
 
     def pids(self) -> list[int]:
         """The workers' process ids (rank 1 first)."""

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from minirunner.limits import check_n, check_seed
 from minirunner.sampling_params import SamplingParams
 
 # TextPrompt / TokensPrompt keys we serve, and keys of vLLM's prompt dicts we refuse (with why).
@@ -120,11 +121,17 @@ class InputProcessor:
             raise ValueError("the prompt dict has neither 'prompt' nor 'prompt_token_ids'")
         return self.encode(text), text
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self.tokenizer is None:
             raise ValueError("this model directory has no tokenizer files: pass prompts as lists of "
                              "token ids (or LLM(tokenizer=<directory>))")
-        return list(self.tokenizer.encode(text, add_special_tokens=True))
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate: no tokenizer can take it
+            raise ValueError(f"the prompt text holds {text[e.start:e.end]!r} at character {e.start}, "
+                             "which is not valid Unicode text (a lone surrogate): fix the text's "
+                             "decoding") from None
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     # -- validation -----------------------------------------------------------------------------
     def process(self, prompt, params: SamplingParams) -> ProcessedPrompt:
@@ -162,6 +169,9 @@ class InputProcessor:
         return ProcessedPrompt(token_ids, text, params)
 
     def _check_params(self, params: SamplingParams) -> SamplingParams:
+        check_n(params.n)
+        if params.seed is not None:
+            check_seed("seed", params.seed)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and value > self.max_logprobs:

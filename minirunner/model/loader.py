@@ -9,6 +9,7 @@ peaks at about its own size plus one tensor.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -21,8 +22,18 @@ from minirunner.model.rope import inverse_frequencies
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
-def _weight_files(model_dir: Path) -> list[Path]:
+_FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")  # safetensors' names of the float dtypes we convert from
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    """The checkpoint's *.safetensors files; each must be a regular file (reading a FIFO or a device
+    would block or never end)."""
     files = sorted(model_dir.glob("*.safetensors"))
+    odd = [f.name for f in files if not f.is_file()]
+    if odd:
+        raise ValueError(f"weight files {odd} in {str(model_dir)!r} are not regular files (a FIFO, a "
+                         "device, a directory or a broken link): weights load from regular files only")
     if files:
         return files
     pickled = sorted(p.name for p in model_dir.iterdir() if p.suffix in _PICKLE_SUFFIXES)
@@ -33,10 +44,39 @@ def _weight_files(model_dir: Path) -> list[Path]:
     raise ValueError(f"{str(model_dir)!r} holds no *.safetensors weights")
 
 
+def check_checkpoint(model_dir: str | Path, config: ModelConfig) -> list[Path]:
+    """Read only the safetensors headers and refuse, before any model is built: a config.json asking
+    for more layers than the checkpoint holds (building them on the meta device alone could take
+    hours). Returns the weight files."""
+    model_dir = Path(model_dir)
+    files = weight_files(model_dir)
+    layers: set[int] = set()
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                layers.update(int(m.group(1)) for m in map(_LAYER.match, f.keys()) if m)
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"checkpoint file {file.name!r} is corrupt or unreadable ({e}); "
+                             "re-download or re-save the model") from e
+    if config.num_layers > len(layers):
+        raise ValueError(f"config.json in {str(model_dir)!r} sets num_hidden_layers={config.num_layers} but "
+                         f"the checkpoint holds tensors of {len(layers)} layers: does config.json match "
+                         "the weights?")
+    return files
+
+
+def check_float(file: Path, name: str, stored: str) -> None:
+    """Weights must be stored as floats: an integer (quantised or corrupt) tensor is refused, never cast."""
+    if stored not in _FLOAT_DTYPES:
+        raise ValueError(f"tensor {name!r} in {file.name!r} is stored as {stored}, not a float type; "
+                         "minirunner loads float weights (fp32 / fp16 / bf16) only and never casts "
+                         "integer (e.g. quantised) weights")
+
+
 def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
                device: torch.device) -> DecoderLM:
     model_dir = Path(model_dir)
-    files = _weight_files(model_dir)
+    files = check_checkpoint(model_dir, config)
     with torch.device("meta"):
         model = DecoderLM(config)
     expected = dict(model.named_parameters())  # tied lm_head appears once, as embed_tokens
@@ -47,6 +87,7 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
                 for name in f.keys():
                     if name not in expected:
                         continue  # e.g. a tied lm_head saved anyway: embed_tokens is the one
+                    check_float(file, name, f.get_slice(name).get_dtype())
                     shape = tuple(f.get_slice(name).get_shape())
                     if shape != tuple(expected[name].shape):
                         raise ValueError(f"tensor {name!r} has shape {shape} but the config "

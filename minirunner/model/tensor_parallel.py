@@ -30,7 +30,7 @@ from torch import nn
 from minirunner.config import ModelConfig
 from minirunner.distributed.group import TPContext
 from minirunner.model.decoder import DecoderLM
-from minirunner.model.loader import _weight_files, finish_loading
+from minirunner.model.loader import check_checkpoint, check_float, finish_loading
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,13 +160,14 @@ def load_sharded_model(model_dir: str | Path, config: ModelConfig, dtype: torch.
     if config.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
     tensors: dict[str, torch.Tensor] = {}
-    for file in _weight_files(Path(model_dir)):
+    for file in check_checkpoint(model_dir, config):
         try:
             with safe_open(str(file), framework="pt", device="cpu") as f:
                 for name in f.keys():
                     if name not in expected:
                         continue
                     part = f.get_slice(name)
+                    check_float(file, name, part.get_dtype())
                     cut = _slice_of(name, plan, config)
                     if cut is None:
                         t = part[:]
