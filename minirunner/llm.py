@@ -280,7 +280,7 @@ class LLM:
         self._profiler.start(trace_dir)
 
     def stop_profile(self) -> Path:
-        """Stop the profiler, write its Chrome / Perfetto trace (ui.perfetto.dev), print its path."""
+        """Stop the profiler and write its Chrome / Perfetto trace (ui.perfetto.dev); returns its path."""
         return self._profiler.stop()
 
     # -- introspection --------------------------------------------------------------------------
