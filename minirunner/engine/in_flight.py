@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minirunner.engine.scheduler import SchedulerOutput
+from minirunner.engine.scheduler import ScheduledStep
 from minirunner.worker.async_output import LaunchedOutput
 from minirunner.worker.logits_processing import needs_logits_processing
 
@@ -26,7 +26,7 @@ class InFlightStep:
     read, the host time it started and spent proposing and launching, whether it was launched while
     another step was in flight (``ahead``), and whether a draft chain launched it (``chained``)."""
 
-    sched: SchedulerOutput
+    sched: ScheduledStep
     output: LaunchedOutput
     t0: float
     propose_s: float
