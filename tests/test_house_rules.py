@@ -69,6 +69,14 @@ def test_the_worker_never_imports_the_engine():
     assert not bad, f"the worker reads data (core/sched/output.py), not engine objects: {bad}"
 
 
+def test_the_kernel_or_twin_choice_is_made_in_one_place():
+    # DESIGN.md, "One mechanism per idea": kernels/_triton.use_triton chooses between a Triton kernel
+    # and its torch twin; nothing else reads whether Triton is installed.
+    home = PACKAGE / "kernels" / "_triton.py"
+    readers = [str(p.relative_to(ROOT)) for p in _modules() if p != home and "HAS_TRITON" in p.read_text()]
+    assert not readers, f"choose with minirunner.kernels._triton.use_triton: {readers}"
+
+
 def _writes_of(path: Path, attr: str) -> list[int]:
     """Lines of ``path`` that assign to (or augment) an attribute named ``attr``."""
     lines = []

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minirunner.engine.scheduler import ScheduledStep
-from minirunner.worker.async_output import LaunchedOutput
+from minirunner.worker.async_output import AsyncOutput
 from minirunner.worker.logits_processing import needs_logits_processing
 
 
@@ -27,7 +27,7 @@ class InFlightStep:
     another step was in flight (``ahead``), and whether a draft chain launched it (``chained``)."""
 
     sched: ScheduledStep
-    output: LaunchedOutput
+    output: AsyncOutput
     t0: float
     propose_s: float
     verify_s: float

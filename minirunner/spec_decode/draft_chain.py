@@ -34,7 +34,7 @@ from minirunner.engine.request import Request
 from minirunner.engine.scheduler import ScheduledRequest, ScheduledStep
 from minirunner.spec_decode.async_utils import ChainState, sync_check
 from minirunner.spec_decode.draft_model import draft_sampling_params, draw_drafts
-from minirunner.worker.async_output import LaunchedOutput
+from minirunner.worker.async_output import AsyncOutput
 from minirunner.worker.buffers import to_device
 from minirunner.worker.cudagraph import GraphKey, GraphKind
 from minirunner.worker.input_batch import graph_rows
@@ -209,7 +209,7 @@ class DraftChain:
         sched = ScheduledStep([ScheduledRequest(r, k + 1, [0] * k) for r in batch])
         out = RunnerOutput(req_ids=[r.request_id for r in batch], num_drafts=[k] * n,
                            graph=StepGraphInfo(target.graphs.mode, bucket, bucket - n))
-        step = InFlightStep(sched, LaunchedOutput(out, runs), t0, propose_s, time.perf_counter() - t1,
+        step = InFlightStep(sched, AsyncOutput(out, runs), t0, propose_s, time.perf_counter() - t1,
                             ahead=True, chained=True)
         self.chain[id(step)] = ChainState(list(batch), k, start, ids, runs)
         return step

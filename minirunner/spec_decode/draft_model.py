@@ -25,7 +25,7 @@ from minirunner.engine.request import Request
 from minirunner.engine.scheduler import ScheduledRequest
 from minirunner.engine.sequence import RunnableSequence
 from minirunner.engine.step_data import WorkerRowsSent
-from minirunner.kernels._triton import HAS_TRITON
+from minirunner.kernels._triton import use_triton
 from minirunner.kernels.rejection_sampling import one_hot_probs, probs_from_logits
 from minirunner.kernels.sampling import sample, sample_ref
 from minirunner.kv.manager import KVCacheManager
@@ -261,7 +261,7 @@ def draw_drafts(logits: torch.Tensor, params: DraftSampling, positions: torch.Te
     """One draft token per row from the draft's logits [rows, vocab], seeded by (salted seed, position
     of the token drawn): (tokens int64 [rows], q fp32 [rows, vocab], the distribution each was drawn
     from). Device ops only: nothing is read back."""
-    sampler = sample if logits.device.type == "cuda" and HAS_TRITON else sample_ref
+    sampler = sample if use_triton(logits.device) else sample_ref
     p = params
     tokens = sampler(logits, p.temperatures, p.top_k, p.top_p, p.seeds, positions,
                      apply_filters=p.apply_filters)

@@ -1,7 +1,7 @@
 """One step ahead: a launched step's output, read later (vLLM's ``AsyncModelRunnerOutput``).
 
 Owns the hand-off between launching a step and reading it. ``ModelRunner.execute`` returns a
-``LaunchedOutput`` as soon as the step is queued on the device: the sampled tokens stay on the device
+``AsyncOutput`` as soon as the step is queued on the device: the sampled tokens stay on the device
 (the next step's inputs are gathered from them there, ``PrevSampled``) while a non-blocking copy takes
 them to pinned host memory; ``get_output`` waits for that copy only — for this step, not for any step
 launched after it — and completes the RunnerOutput (the emitted runs, the sampled tokens' logprobs, the
@@ -59,7 +59,7 @@ class StepTimer:
         return self._events[0].elapsed_time(self._events[1]) / 1e3
 
 
-class LaunchedOutput:
+class AsyncOutput:
     """A launched step's RunnerOutput, completed by ``get_output`` once its tokens reach the host.
 
     ``sampled``: int64 on the device, [num_sampling] one token each, or [num_sampling, k + 1] emitted

@@ -2,7 +2,7 @@
 
 One step is four stages, each a method a notebook can call and inspect:
 ``prepare_inputs → run_model → compute_logits → sample``; ``execute`` launches them (or one graph
-replay) and returns a LaunchedOutput (worker/async_output.py), whose ``get_output`` reads the step's
+replay) and returns an AsyncOutput (worker/async_output.py), whose ``get_output`` reads the step's
 tokens to the host and gives its RunnerOutput (worker/runner_output.py) — nothing is kept on the runner.
 
 Owns the KV cache tensors (one block more than the pool hands out: the null block, where padding rows,
@@ -21,13 +21,13 @@ import torch
 
 from minirunner.attention.base import AttentionBackend
 from minirunner.core.sched.output import SchedulerOutput
-from minirunner.kernels._triton import HAS_TRITON
+from minirunner.kernels._triton import use_triton
 from minirunner.kv.block_table import cdiv
 from minirunner.logprobs import score_prompts
 from minirunner.model.decoder import DecoderLM
-from minirunner.worker.async_output import LaunchedOutput, PrevSampled, StepTimer
+from minirunner.worker.async_output import AsyncOutput, PrevSampled, StepTimer
 from minirunner.worker.buffers import StepBuffers, to_device
-from minirunner.worker.cudagraph import DecodeGraphs, GraphKey, GraphKind
+from minirunner.worker.cudagraph import CudaGraphManager, GraphKey, GraphKind
 from minirunner.worker.input_batch import InputBatch, prepare_input_batch, prepare_next_decode
 from minirunner.worker.runner_output import RunnerOutput, StepGraphInfo
 from minirunner.worker.sampler import Sampler, graph_ready
@@ -58,18 +58,18 @@ class ModelRunner:
         self.state = RequestStateRows(2 * max_num_seqs, self.max_blocks_per_seq)
         self.buffers = StepBuffers(self.device, max_num_batched_tokens, max_num_seqs,
                                    self.max_blocks_per_seq, block_size)
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: CudaGraphManager | None = None
         self.sampler = Sampler(self.state, cfg.vocab_size, self.device)
         self.input_prep, self.state_mirror = "host", None
         self.set_input_prep(input_prep)
 
     def enable_graphs(self, mode: str, sizes: list[int], max_draft_tokens: int = 0, draft_q: bool = False,
-                      extra_query_lens: tuple[int, ...] = ()) -> DecodeGraphs:
+                      extra_query_lens: tuple[int, ...] = ()) -> CudaGraphManager:
         """Run uniform batches that fit a bucket of ``sizes`` as one compiled ("compile") or captured
         ("cuda") step; under "cuda" every key a run may replay is captured now, largest bucket first.
         ``max_draft_tokens`` > 0: uniform verify steps with up to that many drafts per request run as
         buckets too (``draft_q``: with a draft model's q; else one-hot drafts only)."""
-        self.graphs = DecodeGraphs(self.buffers, self.model, self.backend, self.kv_caches, mode, sizes,
+        self.graphs = CudaGraphManager(self.buffers, self.model, self.backend, self.kv_caches, mode, sizes,
                                    max_draft_tokens, draft_q, extra_query_lens,
                                    self.sampler.rejection_sampler)
         if mode == "cuda":
@@ -82,7 +82,7 @@ class ModelRunner:
         or None ("device" on CUDA with Triton, else "host"). Both fill identical buffers; call it
         between steps (the constructor does)."""
         if input_prep is None:
-            input_prep = "device" if self.device.type == "cuda" and HAS_TRITON else "host"
+            input_prep = "device" if use_triton(self.device) else "host"
         if input_prep not in ("device", "host"):
             raise ValueError(f"input_prep must be 'device' (GPU-native) or 'host', got {input_prep!r}")
         self.input_prep = input_prep
@@ -193,7 +193,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput, draft_probs: torch.Tensor | None = None,
-                prev: PrevSampled | None = None) -> LaunchedOutput:
+                prev: PrevSampled | None = None) -> AsyncOutput:
         """Launch one step: bring the rows up to date, prepare inputs, run the model (or replay a bucket),
         sample. Returns as soon as the step is queued: ``get_output()`` of the result is the step's
         RunnerOutput (nothing is kept on the runner). draft_probs: fp32 [num_draft_tokens, vocab], the
@@ -209,22 +209,22 @@ class ModelRunner:
                            num_drafts=inputs.num_drafts.tolist())
         if bucket is not None and query_len > 1:
             runs, out.logits, out.graph = self._replay_verify(bucket, query_len, inputs, draft_probs)
-            return LaunchedOutput(out, runs.clone(), timer=timer)
+            return AsyncOutput(out, runs.clone(), timer=timer)
         if bucket is not None:
             tokens, out.logits, out.graph = self._replay(bucket, self.sampler.graph_kind(inputs.sample_rows),
                                                          len(inputs.sample_rows))
-            return LaunchedOutput(out, tokens.clone(), self._logprobs(out.logits, inputs), timer)
+            return AsyncOutput(out, tokens.clone(), self._logprobs(out.logits, inputs), timer)
         hidden = self.run_model(inputs)
         out.prompt_logprobs = score_prompts(self.logits_at, hidden, self._prompt_spans(sched))
         if not len(inputs.sample_rows):
-            return LaunchedOutput(out, timer=timer)
+            return AsyncOutput(out, timer=timer)
         out.logits = self.compute_logits(hidden, inputs)
         if len(inputs.draft_token_ids):
             runs = self.sampler.verify(out.logits, inputs.sample_rows, inputs.draft_token_ids,
                                        inputs.num_drafts, inputs.sample_positions, draft_probs)
-            return LaunchedOutput(out, runs, timer=timer)
+            return AsyncOutput(out, runs, timer=timer)
         tokens = self.sample(out.logits, inputs)
-        return LaunchedOutput(out, tokens, self._logprobs(out.logits, inputs), timer)
+        return AsyncOutput(out, tokens, self._logprobs(out.logits, inputs), timer)
 
     def _prompt_spans(self, sched: SchedulerOutput) -> list[tuple]:
         """(request id, prompt ids, k, first position to score, start, query tokens) of each scheduled

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from minirunner.kernels._triton import HAS_TRITON
+from minirunner.kernels._triton import use_triton
 from minirunner.kernels.sampling import sample, sample_ref
 from minirunner.logprobs import TokenLogprobs, score_tokens
 from minirunner.spec_decode.rejection_sampler import RejectionSampler
@@ -31,7 +31,7 @@ class Sampler:
     def __init__(self, state: RequestStateRows, vocab_size: int, device: torch.device):
         self.state, self.vocab_size = state, vocab_size
         self.logits_processors = LogitsProcessors(vocab_size, device)
-        self._kernel = sample if device.type == "cuda" and HAS_TRITON else sample_ref
+        self._kernel = sample if use_triton(device) else sample_ref
         self.rejection_sampler = RejectionSampler(device)
 
     def sample(self, logits: torch.Tensor, rows: np.ndarray, requests: list[CachedRequestState],
