@@ -7,8 +7,9 @@ logits are computed, and for a graph step the padding to its bucket. Two paths f
 host path (numpy, no device sync: the CPU default) and the GPU-native path (the CUDA default), where the
 host sends only the step's idx_mapping, query lengths, token ids and the state rows' changed cells
 (worker/state_mirror.py) and the input-prep kernel computes positions, slots, seq_lens, query_start_loc and
-the block-table gather on the device. Every write goes through worker/buffers.py. It syncs each request's
-state row (worker/states.py) but never allocates blocks, runs the model or samples.
+the block-table gather on the device. Every write goes through worker/buffers.py. It reads the step as
+data (core/sched/output.py) and writes each request's query tokens to its worker row (worker/states.py);
+it never allocates blocks, runs the model or samples.
 """
 
 from __future__ import annotations

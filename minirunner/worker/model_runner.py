@@ -1,7 +1,9 @@
-"""ModelRunner: turns one scheduled step into tensors, runs the model over the paged KV cache, samples.
+"""ModelRunner: turns one scheduled step (data, core/sched/output.py) into tensors, runs the model over
+the paged KV cache, samples.
 
-One step is four stages, each a method a notebook can call and inspect:
-``prepare_inputs → run_model → compute_logits → sample``; ``execute`` launches them (or one graph
+One step is ``update_states`` (the worker's own rows from the step's data) and four stages, each a method
+a notebook can call and inspect: ``prepare_inputs → run_model → compute_logits → sample``; ``execute``
+launches them (or one graph
 replay) and returns an AsyncOutput (worker/async_output.py), whose ``get_output`` reads the step's
 tokens to the host and gives its RunnerOutput (worker/runner_output.py) — nothing is kept on the runner.
 
