@@ -231,8 +231,10 @@ class ModelRunner:
     def _prompt_spans(self, sched: SchedulerOutput) -> list[tuple]:
         """(request id, prompt ids, k, first position to score, start, query tokens) of each scheduled
         request in batch order: what prompt logprobs read (minirunner/logprobs.py)."""
-        state, computed = self.state, sched.num_computed_tokens()
-        spans = []
+        state = self.state
+        if not state.num_prompt_logprobs:  # the common case: no live request asks
+            return []
+        computed, spans = sched.num_computed_tokens(), []
         for rid, n in sched.num_scheduled_tokens.items():
             r = state.requests[state.row_of[rid]]
             spans.append((rid, r.prompt_token_ids, r.params.prompt_logprobs, r.prompt_logprobs_from,

@@ -69,6 +69,7 @@ class RequestStateRows:
         self.seed = np.zeros(capacity, dtype=np.int64)
         self.requests: list[CachedRequestState | None] = [None] * capacity
         self.row_of: dict[str, int] = {}
+        self.num_prompt_logprobs = 0  # rows whose request asks for prompt logprobs
         self.free = list(range(capacity - 1, -1, -1))
         # row -> [first, end) of the block-table columns written since the last drain_writes (None: not
         # recorded)
@@ -98,6 +99,7 @@ class RequestStateRows:
         self.requests[row] = CachedRequestState(
             new.req_id, p, new.seed, new.eos_token_ids, len(new.prompt_token_ids), tokens, len(tokens),
             new.prompt_logprobs_from)
+        self.num_prompt_logprobs += new.prompt_logprobs_from is not None
         self.write_blocks(row, new.block_ids, replace=True)
         return row
 
@@ -144,5 +146,6 @@ class RequestStateRows:
     def release(self, request_id: str) -> None:
         row = self.row_of.pop(request_id, None)
         if row is not None:
+            self.num_prompt_logprobs -= self.requests[row].prompt_logprobs_from is not None
             self.requests[row] = None
             self.free.append(row)
