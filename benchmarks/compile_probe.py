@@ -61,7 +61,9 @@ def main() -> None:
                            SamplingParams(max_tokens=100, ignore_eos=True))
     for _ in range(3):
         engine.step()
-    inputs = runner.prepare_inputs(engine.scheduler.schedule().scheduled, engine.kv)
+    sched = engine.scheduler.schedule().output
+    runner.update_states(sched)
+    inputs = runner.prepare_inputs(sched)
     ids, meta = inputs.input_ids, inputs.meta
     runner.backend.plan(meta)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from minirunner import LLM, SamplingParams
 from minirunner.tools.bench import environment
-from minirunner.worker.async_output import LaunchedOutput
+from minirunner.worker.async_output import AsyncOutput
 
 BATCHES = (1, 8, 32)
 PROMPT_LEN = 16
@@ -87,8 +87,8 @@ def stage_profile(llm: LLM, steps: int) -> dict:
     _timed(engine.scheduler, "schedule", sink)
     _timed(runner, "prepare_inputs", sink)
     _timed(runner.graphs, "run", sink)
-    # the step's read: its sampled tokens to the host (LaunchedOutput.get_output, a class attribute)
-    read = _timed(LaunchedOutput, "get_output", sink, "postprocess")
+    # the step's read: its sampled tokens to the host (AsyncOutput.get_output, a class attribute)
+    read = _timed(AsyncOutput, "get_output", sink, "postprocess")
     params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
     engine.add_request(list(range(3, 3 + PROMPT_LEN)), params)
     for _ in range(4):  # prefill, then warm decode steps
@@ -107,7 +107,7 @@ def stage_profile(llm: LLM, steps: int) -> dict:
     for request_id in list(engine.requests):
         engine.abort_request(request_id)
     engine.requests.clear()
-    LaunchedOutput.get_output = read
+    AsyncOutput.get_output = read
     return stages
 
 

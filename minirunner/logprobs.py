@@ -65,27 +65,22 @@ def prompt_rows(scheduled) -> tuple[list[int], list[int], list[tuple[str, int, i
     """For requests that asked for prompt logprobs, which query rows of this step predict a prompt
     token. Row j of a request's query holds position start + j and predicts token start + j + 1.
 
+    scheduled: per request in batch order, (request id, prompt ids, k or None, first position to score
+    or None, start, query tokens); a preempted request recomputing its prompt scores nothing twice.
     Returns (hidden row indices, the prompt token each predicts, per request (request id, first
     predicted position, number of rows, k)).
     """
     rows, targets, spans = [], [], []
     offset = 0
-    for s in scheduled:
-        request = s.request
-        k = request.params.prompt_logprobs
-        start = request.num_computed_tokens
-        prompt = request.prompt_token_ids
-        # prompt_logprobs holds None for token 0, then one entry per scored token, so its length
-        # is the next token to score; a preempted request recomputing its prompt scores nothing twice.
-        next_token = len(request.prompt_logprobs) if request.prompt_logprobs else 1
-        if k is not None and request.index == 0:
-            lo = max(start, next_token - 1)
-            hi = min(start + s.num_new_tokens, len(prompt) - 1)
+    for rid, prompt, k, first, start, n in scheduled:
+        if k is not None and first is not None:
+            lo = max(start, first)
+            hi = min(start + n, len(prompt) - 1)
             if hi > lo:
                 rows += range(offset + lo - start, offset + hi - start)
-                targets += prompt[lo + 1:hi + 1]
-                spans.append((request.request_id, lo + 1, hi - lo, k))
-        offset += s.num_new_tokens
+                targets += [int(t) for t in prompt[lo + 1:hi + 1]]
+                spans.append((rid, lo + 1, hi - lo, k))
+        offset += n
     return rows, targets, spans
 
 
@@ -128,7 +123,7 @@ def score_prompts(logits_at, hidden: torch.Tensor, scheduled) -> dict[str, tuple
     hidden: [num_tokens, hidden_size], the step's final hidden states (rows in scheduled order).
     Returns request id -> (first scored prompt position, its scores).
     """
-    if not any(s.request.params.prompt_logprobs is not None for s in scheduled):
+    if not any(k is not None for _, _, k, *_ in scheduled):
         return {}
     rows, targets, spans = prompt_rows(scheduled)
     if not rows:

@@ -6,12 +6,12 @@ rejects the race, the barrier and pageable copies."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
+from minirunner.core.sched.output import NewRequestData
 from minirunner.kv.block_table import BlockTable
+from minirunner.sampling_params import SamplingParams
 from minirunner.worker.states import RequestStateRows
 from simulators.exercises import NotImplementedYet
 from simulators.runner_v2 import (
@@ -62,9 +62,15 @@ def test_meaning_exercise(seed):
     assert not ex.check(None).answered
 
 
-def _request(rid):
-    params = SimpleNamespace(temperature=1.0, top_k=0, top_p=1.0)
-    return SimpleNamespace(request_id=rid, seed=0, params=params)
+def _sync(state, rid, table, sent):
+    """The runner's row of ``rid``, its block ids sent as the scheduler sends them (data)."""
+    row = state.row_of.get(rid)
+    if row is None:
+        row = state.add(NewRequestData(rid, [], SamplingParams(temperature=1.0), 0, list(table.blocks), 0))
+    else:
+        state.write_blocks(row, list(table.blocks[sent.get(rid, 0):]))
+    sent[rid] = len(table.blocks)
+    return row
 
 
 def _table(*blocks):
@@ -79,27 +85,28 @@ def test_persistent_rows_model_agrees_with_the_runner(seed):
     rng = random.Random(seed)
     state, model = RequestStateRows(capacity=8, max_blocks=2), PersistentRows(capacity=8)
     running: list[str] = []
-    tables = {}
+    tables, sent = {}, {}
     for n in range(30):
         if running and (len(running) == 8 or rng.random() < 0.4):
             gone = running.pop(rng.randrange(len(running)))
             state.release(gone)
+            sent.pop(gone)
             model.finish(gone)
         else:
             rid = f"r{n}"
             running.append(rid)
             tables[rid] = _table(n)
         batch = rng.sample(running, len(running))
-        assert [state.sync(_request(r), tables[r]) for r in batch] == model.idx_mapping(batch)
+        assert [_sync(state, r, tables[r], sent) for r in batch] == model.idx_mapping(batch)
 
 
 def test_staged_write_moves_only_new_ids():
     state = RequestStateRows(capacity=2, max_blocks=4)
-    t = _table(3, 5)
-    state.sync(_request("a"), t)
+    t, sent = _table(3, 5), {}
+    _sync(state, "a", t, sent)
     t.blocks.append(9)
     before = state.num_written.copy()
-    row = state.sync(_request("a"), t)
+    row = _sync(state, "a", t, sent)
     assert int(state.num_written[row] - before[row]) == 1
     assert state.block_tables[row, :3].tolist() == [3, 5, 9]
 
@@ -142,18 +149,25 @@ class RunnerRows:
     def __init__(self, capacity, width):
         self.rows = RequestStateRows(capacity, width)
         self.rows.record_writes()
-        self.tables = {}
+        self.sent = {}  # request id -> the block ids the rows hold, as the scheduler tracks them
 
     def sync(self, request_id, blocks):
-        table = self.tables.get(request_id)
-        if table is None or table.blocks != blocks[:len(table.blocks)]:  # new, or re-allocated
-            table = self.tables[request_id] = BlockTable(block_size=16)
-        table.blocks.extend(blocks[len(table.blocks):])
-        return self.rows.sync(_request(request_id), table)
+        row = self.rows.row_of.get(request_id)
+        if row is None:
+            row = self.rows.add(NewRequestData(request_id, [], SamplingParams(temperature=1.0), 0,
+                                               list(blocks), 0))
+        else:
+            held = self.sent[request_id]
+            if held == blocks[:len(held)]:  # grown: only the new ids travel
+                self.rows.write_blocks(row, list(blocks[len(held):]))
+            else:  # re-allocated: the whole table is sent again
+                self.rows.write_blocks(row, list(blocks), replace=True)
+        self.sent[request_id] = list(blocks)
+        return row
 
     def release(self, request_id):
         self.rows.release(request_id)
-        self.tables.pop(request_id, None)
+        self.sent.pop(request_id, None)
 
     def pack(self):
         cells, blocks = self.rows.drain_writes()

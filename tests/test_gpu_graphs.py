@@ -2,7 +2,8 @@
 (when installed) flashinfer backends for batches on and between rungs, and a replay never syncs with the
 host; the speculative verify step captured as a bucket gives plain greedy output, and so do speculative
 steps scheduled ahead (async_scheduling), whose launches never sync with the host, as plain decode steps
-launched ahead do not. Skipped without CUDA.
+launched ahead do not; eager sampled, mixed prefill + decode and eager speculative steps never wait for
+the device inside ``execute`` (every host-to-device copy staged). Skipped without CUDA.
 Written with the CPU tests' shapes; not yet run on a GPU.
 """
 
@@ -15,6 +16,7 @@ import torch
 from tiny_models import make_tiny_model
 
 from minirunner import LLM, SamplingParams
+from minirunner.spec_decode.async_utils import sync_check
 from minirunner.worker.cudagraph import GraphKey, GraphKind
 
 pytestmark = [
@@ -171,3 +173,50 @@ def test_async_plain_decode_equals_eager_and_never_waits_between_steps(model_dir
     assert any(t["scheduled_ahead"] and t["graph"] == "cuda" for t in ahead.get_step_trace())
     while engine.has_unfinished_requests():
         engine.step()
+
+
+def _checked(runner):
+    """Make every ``execute`` of ``runner`` raise if it waits for the device (torch's sync debug mode);
+    the engine reads the output (a wait it may make) outside it."""
+    execute = runner.execute
+
+    def checked(*args, **kwargs):
+        with sync_check(True, runner.device):
+            return execute(*args, **kwargs)
+
+    runner.execute = checked
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_eager_sampled_mixed_and_speculative_steps_do_not_sync(model_dir, backend):
+    """Eager steps (graph_mode="none"): seeded sampling with top-p and a penalty, prefill chunks mixed
+    with decodes (requests added while others decode) and n-gram verify steps launch without a host
+    sync, and give what the same engine gives unchecked."""
+    def run(check: bool):
+        llm = LLM(model_dir, dtype="bfloat16", device="cuda", attention_backend=backend, block_size=16,
+                  num_kv_blocks=64, max_num_seqs=8, max_num_batched_tokens=64, graph_mode="none",
+                  speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                      "prompt_lookup_min": 1, "prompt_lookup_max": 3})
+        if check:
+            _checked(llm.engine.runner)
+        engine, prompts = llm.engine, _prompts(6, seed=7)
+        sampled = SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=20, ignore_eos=True)
+        penalised = SamplingParams(temperature=0.7, seed=5, repetition_penalty=1.2, max_tokens=20,
+                                   ignore_eos=True)
+        greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+        ids = [engine.add_request(prompts[0] * 3, greedy), engine.add_request(prompts[1], sampled)]
+        for i, p in enumerate(prompts[2:]):  # each joins while the others decode: mixed steps
+            engine.step()
+            ids.append(engine.add_request(p * 2, penalised if i % 2 else greedy))
+        tokens = {}
+        while engine.has_unfinished_requests():
+            for request, new in engine.step():
+                tokens.setdefault(request.request_id, []).extend(new)
+        return [tokens[i] for i in ids], llm.get_step_trace()
+
+    want, _ = run(check=False)
+    got, trace = run(check=True)
+    assert got == want
+    assert any(t["num_prefill_tokens"] and t["num_decode_tokens"] for t in trace)  # mixed
+    assert any(t["spec_runs"] for t in trace)  # speculative
+    assert all(t["graph"] == "eager" for t in trace)

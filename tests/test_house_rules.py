@@ -54,6 +54,52 @@ def test_the_core_never_imports_tools():
     assert not {k: v for k, v in bad.items() if v}
 
 
+def test_the_worker_never_imports_the_engine():
+    # Data across the worker boundary (DESIGN.md): the worker reads the scheduler's output from
+    # minirunner/core/sched/output.py, never a live Request, scheduler or engine module.
+    worker = sorted((PACKAGE / "worker").rglob("*.py"))
+    bad = {}
+    for p in worker:
+        tree = ast.parse(p.read_text())
+        names = set(_imports(p)) | {f"{n.module}.{a.name}" for n in ast.walk(tree)
+                                    if isinstance(n, ast.ImportFrom) and n.module for a in n.names}
+        hits = sorted(m for m in names if m == "minirunner.engine" or m.startswith("minirunner.engine."))
+        if hits:
+            bad[str(p.relative_to(ROOT))] = hits
+    assert not bad, f"the worker reads data (core/sched/output.py), not engine objects: {bad}"
+
+
+def test_the_kernel_or_twin_choice_is_made_in_one_place():
+    # DESIGN.md, "One mechanism per idea": kernels/_triton.use_triton chooses between a Triton kernel
+    # and its torch twin; nothing else reads whether Triton is installed.
+    home = PACKAGE / "kernels" / "_triton.py"
+    readers = [str(p.relative_to(ROOT)) for p in _modules() if p != home and "HAS_TRITON" in p.read_text()]
+    assert not readers, f"choose with minirunner.kernels._triton.use_triton: {readers}"
+
+
+def _writes_of(path: Path, attr: str) -> list[int]:
+    """Lines of ``path`` that assign to (or augment) an attribute named ``attr``."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            for t in ast.walk(target):
+                if isinstance(t, ast.Attribute) and t.attr == attr:
+                    lines.append(node.lineno)
+    return lines
+
+
+def test_one_writer_of_num_computed_tokens():
+    # DESIGN.md, "One writer per state": a request's host count is the scheduler's alone (cached tokens
+    # at admission, a fork's start, rejected drafts read from the runner's output). The draft model's
+    # proposer schedules its own runner over shadow sequences, so it writes their counts.
+    allowed = {"minirunner/engine/scheduler.py", "minirunner/spec_decode/draft_model.py"}
+    writers = {str(p.relative_to(ROOT)): lines for p in _modules()
+               if (lines := _writes_of(p, "num_computed_tokens"))}
+    assert set(writers) <= allowed, {k: v for k, v in writers.items() if k not in allowed}
+
+
 @pytest.mark.parametrize("name", ["last_step", "last_logprobs", "last_prompt_logprobs", "keep_logits",
                                   "last_logits"])
 def test_no_result_travels_through_an_attribute(name):

@@ -21,6 +21,7 @@ from test_spec_decode import _prompts, _run, _spec, pair  # noqa: F401
 from minirunner import LLM, SamplingParams
 from minirunner.engine.request import Request
 from minirunner.engine.scheduler import ScheduledRequest
+from minirunner.engine.step_data import WorkerRowsSent
 from minirunner.kv.block_table import cdiv
 from minirunner.kv.manager import KVCacheManager
 from minirunner.worker.buffers import StepBuffers
@@ -45,12 +46,13 @@ class Path:
         use_triton = {"twin": False, "triton": True, "default": None}
         self.mirror = None if kernel is None else StateMirror(self.state, device, use_triton[kernel])
 
-    def prepare(self, scheduled, kv, bucket, query_len, sync_check: bool = False) -> dict:
+    def prepare(self, sched, bucket, query_len, sync_check: bool = False) -> dict:
+        """``sched``: the step's SchedulerOutput (data), as the worker receives it."""
         if sync_check:  # CUDA: the whole preparation launches work without waiting for the device once
             torch.cuda.set_sync_debug_mode("error")
         try:
-            inputs = prepare_input_batch(self.state, self.buffers, scheduled, kv, bucket, query_len,
-                                         self.mirror)
+            self.state.update(sched)
+            inputs = prepare_input_batch(self.state, self.buffers, sched, bucket, query_len, self.mirror)
         finally:
             if sync_check:
                 torch.cuda.set_sync_debug_mode("default")
@@ -88,6 +90,7 @@ class World:
     def __init__(self, seed: int):
         self.rng = random.Random(seed)
         self.kv = KVCacheManager(40, BLOCK, enable_prefix_caching=True)
+        self.sent = WorkerRowsSent()  # what the paths' state rows hold (the scheduler's record)
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.next_id = 0
@@ -125,6 +128,7 @@ class World:
             if not kv.allocate(r, 1, cached):
                 self.waiting.insert(0, r)
                 break
+            r.num_computed_tokens += len(cached) * BLOCK  # the scheduler's write on admission
             self.running.append(r)
             plan.append((r, None))
         plan = plan[:MAX_SEQS]
@@ -158,6 +162,7 @@ class World:
 
     def preempt(self, r: Request, paths) -> None:
         self.kv.free(r)
+        self.sent.forget(r.request_id)
         for p in paths:
             p.state.release(r.request_id)
         self.running.remove(r)
@@ -187,6 +192,7 @@ class World:
                 self.running.append(child)
             if r.num_tokens >= r.max_len - 6:
                 kv.free(r)
+                self.sent.forget(r.request_id)
                 for p in paths:
                     p.state.release(r.request_id)
                 self.running.remove(r)
@@ -203,8 +209,9 @@ def compare_paths(seed: int, host: Path, device: Path, sync_check: bool = False)
         if not scheduled:
             world.finish_step([], paths)
             continue
-        want = host.prepare(scheduled, world.kv, bucket, query_len)
-        got = device.prepare(scheduled, world.kv, bucket, query_len, sync_check)
+        sched = world.sent.build(scheduled, world.kv.table)
+        want = host.prepare(sched, bucket, query_len)
+        got = device.prepare(sched, bucket, query_len, sync_check)
         assert want.keys() == got.keys()
         for key in want:
             assert np.array_equal(want[key], got[key]), key
@@ -215,7 +222,7 @@ def compare_paths(seed: int, host: Path, device: Path, sync_check: bool = False)
         seen["edited"] += any(t.version for t in world.kv.tables.values())
         world.finish_step(scheduled, paths)
     assert all(seen.values()), seen  # every kind of step was exercised
-    assert len(host.state.table_of) > 2  # the state rows grew, and the mirror with them
+    assert len(host.state.requests) > 2  # the state rows grew, and the mirror with them
 
 
 @pytest.mark.parametrize("kernel", ["twin", pytest.param("triton", marks=needs_interpreter)])

@@ -13,6 +13,7 @@ from tiny_models import make_tiny_model
 
 from minirunner import LLM, SamplingParams
 from minirunner.engine.request import Request
+from minirunner.engine.scheduler import add_cached_tokens
 from minirunner.kv import KVCacheManager
 from minirunner.kv.block_pool import BlockPool, chain_hash
 
@@ -112,7 +113,8 @@ def test_num_cached_tokens_is_prompt_tokens_at_first_admission():
     kv.cache_full_blocks(donor)
     request = Request("r", [1, 2, 3, 4, 9, 9], SamplingParams(), seed=0, max_len=100)
     cached = kv.find_cached_prefix(request)
-    kv.allocate(request, 2, cached)
+    assert kv.allocate(request, 2, cached)
+    add_cached_tokens(request, len(cached) * 4)  # what the scheduler does on admission
     assert request.num_cached_tokens == 4
     request.num_computed_tokens = 6
     for token in [7, 7, 7, 7, 7, 7]:  # decode to 12 tokens: 3 full blocks cached
@@ -124,7 +126,8 @@ def test_num_cached_tokens_is_prompt_tokens_at_first_admission():
     request.num_computed_tokens, request.num_preemptions = 0, 1
     cached = kv.find_cached_prefix(request)
     assert len(cached) == 2  # (12 - 1) // 4 full blocks, prompt and output tokens
-    kv.allocate(request, request.num_tokens - 8, cached)
+    assert kv.allocate(request, request.num_tokens - 8, cached)
+    add_cached_tokens(request, len(cached) * 4)
     assert request.num_computed_tokens == 8
     assert request.num_cached_tokens == 4, "the first admission's prompt hit, not the recompute's"
     kv.free(request)

@@ -12,6 +12,7 @@ from minirunner.attention import get_backend_class
 from minirunner.config import ModelConfig
 from minirunner.engine.request import Request
 from minirunner.engine.scheduler import ScheduledRequest
+from minirunner.engine.step_data import WorkerRowsSent
 from minirunner.kv.manager import KVCacheManager
 from minirunner.model.loader import load_model
 from minirunner.sampling_params import SamplingParams
@@ -35,13 +36,13 @@ def _runner(model):
     return ModelRunner(model, backend, 64, BLOCK, 8, 256, 128), KVCacheManager(64, BLOCK, False)
 
 
-def _step(runner, kv, requests, chain=None):
+def _step(runner, kv, requests, sent, chain=None):
     scheduled = []
     for r in requests:
         n = r.num_tokens - r.num_computed_tokens
         assert kv.allocate(r, n)
         scheduled.append(ScheduledRequest(r, n))
-    logits, inputs = runner.forward_logits(scheduled, kv, chain)
+    logits, inputs = runner.forward_logits(sent.build(scheduled, kv.table), chain)
     for s in scheduled:
         s.request.num_computed_tokens += s.num_new_tokens
     return logits, inputs
@@ -69,17 +70,18 @@ def test_chained_decode_pass_equals_a_full_prepare(model, prompt_lens):
     runs = []
     for chained in (False, True):
         runner, kv = _runner(model)
+        sent = WorkerRowsSent()
         g = torch.Generator().manual_seed(3)
         requests = [Request(f"r{i}", torch.randint(3, 90, (n,), generator=g).tolist(),
                             SamplingParams(temperature=0.0, max_tokens=20), seed=0, max_len=40)
                     for i, n in enumerate(prompt_lens)]
-        logits, inputs = _step(runner, kv, requests)
+        logits, inputs = _step(runner, kv, requests, sent)
         snaps, all_logits = [], []
         for _ in range(6):
             tokens = logits.argmax(dim=-1)
             for r, t in zip(requests, tokens.tolist(), strict=True):
                 r.append_token(t)
-            logits, inputs = _step(runner, kv, requests, (inputs, tokens) if chained else None)
+            logits, inputs = _step(runner, kv, requests, sent, (inputs, tokens) if chained else None)
             snaps.append(_snapshot(inputs))
             all_logits.append(logits.clone())
         runs.append((snaps, all_logits, [r.output_token_ids for r in requests]))

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 
 import torch
 
@@ -18,12 +19,17 @@ BACKENDS = {
     "triton": "minirunner.attention.triton_backend:TritonAttentionBackend",
     "flashinfer": "minirunner.attention.flashinfer_backend:FlashInferAttentionBackend",
 }
+logger = logging.getLogger(__name__)
+_LOGGED: set[str] = set()
 
 
 def _importable(module: str) -> bool:
     try:
         importlib.import_module(module)
-    except Exception:
+    except Exception as e:  # a broken install is skipped, and said once (vLLM logs each fallback)
+        if module not in _LOGGED:
+            _LOGGED.add(module)
+            logger.info("attention_backend='auto': %s is not usable here (%s); falling back", module, e)
         return False
     return True
 

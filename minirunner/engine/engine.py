@@ -228,7 +228,7 @@ class LLMEngine:
             copies = self.kv.take_copies()  # copy-on-write of shared blocks, before any write
             self.runner.copy_blocks([c[0] for c in copies], [c[1] for c in copies])
             with sync_check(self.check_no_sync and prev is not None, self.runner.device):
-                output = self.runner.execute(sched, self.kv, draft_probs,
+                output = self.runner.execute(sched.output, draft_probs,
                                              prev.output.prev_sampled() if prev is not None else None)
         except BaseException:
             self._abort_failed([s.request for s in sched.scheduled])
@@ -261,9 +261,12 @@ class LLMEngine:
             self.scheduler.add_forked(children)
         spec_runs = {}
         if self.spec is not None:
+            self.scheduler.update_from_output([s for s, _ in live], [run for _, run in live])
             trim = not step.chained or end_chain  # a chained step in flight still writes those blocks
+            # the target's device time, read with the output (a GPU's launch returns before it runs)
+            verify_s = out.device_s if out.device_s is not None else step.verify_s
             spec_runs = self.spec.verified([s for s, _ in live], [run for _, run in live], self.kv,
-                                           step.propose_s, step.verify_s, trim)
+                                           step.propose_s, verify_s, trim)
             if step.chained:
                 self.chain.applied(step.sched, out.runs, end_chain)
         occupancy = self.tracer.occupancy()  # the step's peak: before finished requests free blocks

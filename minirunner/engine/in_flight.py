@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minirunner.engine.scheduler import SchedulerOutput
-from minirunner.worker.async_output import LaunchedOutput
+from minirunner.engine.scheduler import ScheduledStep
+from minirunner.worker.async_output import AsyncOutput
 from minirunner.worker.logits_processing import needs_logits_processing
 
 
@@ -26,8 +26,8 @@ class InFlightStep:
     read, the host time it started and spent proposing and launching, whether it was launched while
     another step was in flight (``ahead``), and whether a draft chain launched it (``chained``)."""
 
-    sched: SchedulerOutput
-    output: LaunchedOutput
+    sched: ScheduledStep
+    output: AsyncOutput
     t0: float
     propose_s: float
     verify_s: float

@@ -1,7 +1,7 @@
 """OutputProcessor: applies a step's RunnerOutput to its requests (vLLM's output processor).
 
-Owns what happens to a request after its step ran: its computed-token count moves on (the speculator
-then rolls back rejected drafts, spec_decode/speculator.py), the emitted tokens are appended
+Owns what happens to a request after its step ran (the scheduler rolls back rejected drafts,
+``Scheduler.update_from_output``): the emitted tokens are appended
 one by one with the stop checks (EOS, stop token ids, stop strings through incremental detokenisation,
 max_tokens, max_model_len), the logprobs are collected, and completion 0 of an n > 1 group forks its
 siblings once its prompt is computed. Forked siblings are returned for the scheduler to queue; requests

@@ -34,14 +34,13 @@ def child_id(group_id: str, index: int) -> str:
 def fork_children(parent: Request, kv) -> list[Request]:
     """Completion 0 has just computed its prompt: give every waiting sibling the prompt's blocks.
     Returns the forked siblings, in index order, for the scheduler to queue ahead of new requests
-    (``Scheduler.add_forked``); each recomputes the last prompt token itself."""
+    (``Scheduler.add_forked``, which sets where each starts: the last prompt token, recomputed)."""
     children, parent.fork_children = parent.fork_children, []
     forked = []
     for child in children:
         if child.is_finished:  # aborted before the fork
             continue
         kv.fork(parent, child)
-        child.num_computed_tokens = len(child.prompt_token_ids) - 1
         child.status = RequestStatus.WAITING
         forked.append(child)
     return forked

@@ -20,8 +20,10 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from minirunner.core.sched.output import SchedulerOutput
 from minirunner.engine.request import Request, RequestStatus
 from minirunner.engine.request_queue import create_request_queue
+from minirunner.engine.step_data import WorkerRowsSent
 from minirunner.kv.manager import KVCacheManager
 
 
@@ -46,9 +48,13 @@ class ScheduledRequest:
 
 
 @dataclass
-class SchedulerOutput:
+class ScheduledStep:
+    """The scheduler's record of a step, on the engine's side: the live requests scheduled and the ids
+    preempted. ``output``: the same step as data, for the worker (core/sched/output.py)."""
+
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    output: SchedulerOutput | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -64,19 +70,22 @@ class Scheduler:
         self.waiting = create_request_queue(policy)  # FCFS (a deque) or by priority: request_queue.py
         self.running: list[Request] = []
         self.metrics = None  # the engine's EngineMetrics: admissions are prefix-cache queries
+        self.sent = WorkerRowsSent()  # what the worker's rows hold of each request
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
 
     def add_forked(self, children: list[Request]) -> None:
         """Queue forked completions (in index order) ahead of every waiting request: their prompt is
-        already in the cache, bar its last token."""
+        already in the cache, bar its last token, which each recomputes to draw its own first token."""
+        for child in children:
+            child.num_computed_tokens = len(child.prompt_token_ids) - 1
         self.waiting.extendleft(reversed(children))
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def update_after_launch(self, out: SchedulerOutput) -> None:
+    def update_after_launch(self, out: ScheduledStep) -> None:
         """A step was launched: its requests' computed counts move on, and each request that samples
         holds one placeholder per token it may emit (1, or 1 + drafts) until the step is read
         (vLLM's ``_update_after_schedule``; ``OutputProcessor.apply`` takes them back)."""
@@ -85,8 +94,16 @@ class Scheduler:
             if s.samples:
                 s.request.num_output_placeholders += 1 + len(s.draft_token_ids)
 
-    def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+    def update_from_output(self, sampled: list[ScheduledRequest], runs: list[list[int]]) -> None:
+        """A step was read: each request's rejected drafts leave its computed count (their K/V slots
+        lie past the accepted run). ``sampled``: the step's sampling requests still live, with the run
+        each emitted (vLLM's ``update_from_output``)."""
+        for s, run in zip(sampled, runs, strict=True):
+            if s.draft_token_ids:
+                s.request.num_computed_tokens -= len(s.draft_token_ids) - (len(run) - 1)
+
+    def schedule(self) -> ScheduledStep:
+        out = ScheduledStep()
         budget = self.max_num_batched_tokens
 
         # 1. Running requests, oldest (or, by priority, most urgent) first; preempt from the end of the
@@ -141,6 +158,7 @@ class Scheduler:
                 break
             if fresh and self.metrics is not None:
                 self.metrics.record_admission(request, len(cached) * self.kv.block_size)
+            add_cached_tokens(request, len(cached) * self.kv.block_size)
             self.kv.cache_full_blocks(request, request.num_computed_tokens + num_new)
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
@@ -155,6 +173,7 @@ class Scheduler:
                 f"tokens) cannot be admitted with {len(self.running)} running, {len(self.waiting)} "
                 f"waiting and {self.kv.pool.num_free_blocks} of {self.kv.pool.num_blocks} KV blocks "
                 "free; this is a bug: please report it with the engine's configuration")
+        out.output = self.sent.build(out.scheduled, self.kv.table, out.preempted)
         return out
 
     def may_join(self) -> list[Request]:
@@ -168,12 +187,14 @@ class Scheduler:
         for request in reversed(self.waiting):
             if request is not keep and request.request_id in self.kv.tables:
                 self.kv.free(request)
+                self.sent.forget(request.request_id)
                 request.num_computed_tokens = 0
                 return True
         return False
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
+        self.sent.forget(request.request_id)
         request.spec_token_ids = []
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -187,3 +208,14 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         self.kv.free(request)
+        self.sent.forget(request.request_id)
+
+
+def add_cached_tokens(request: Request, num_cached_tokens: int) -> None:
+    """A request admitted with ``num_cached_tokens`` from the prefix cache: its count moves past them,
+    and at its first admission its cached prompt tokens are recorded (RequestOutput.num_cached_tokens)."""
+    if not num_cached_tokens:
+        return
+    request.num_computed_tokens += num_cached_tokens
+    if request.num_preemptions == 0:  # first admission only, and prompt tokens only
+        request.num_cached_tokens = min(num_cached_tokens, len(request.prompt_token_ids))

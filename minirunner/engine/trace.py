@@ -87,7 +87,7 @@ class StepTracer:
     def record(self, sched, finished: list[str], occupancy: dict, num_output_tokens: int,
                duration: float, graph, spec_runs: dict | None = None, propose_s: float = 0.0,
                verify_s: float = 0.0, scheduled_ahead: bool = False) -> StepTrace:
-        """Append the entry of a step that ran ``sched`` (a SchedulerOutput), how it ran (``graph``: a
+        """Append the entry of a step that ran ``sched`` (a ScheduledStep), how it ran (``graph``: a
         StepGraphInfo) and, for a speculative step, its runs."""
         prefill = sum(s.num_new_tokens for s in sched.scheduled if s.start < len(s.request.prompt_token_ids))
         spec_runs = spec_runs or {}

@@ -3,6 +3,10 @@ package always import. Calling a Triton kernel without Triton raises an error sa
 
 from __future__ import annotations
 
+import logging
+
+logger = logging.getLogger(__name__)
+
 try:
     import triton
     import triton.language as tl
@@ -38,6 +42,20 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
 
 
 
+_LOGGED: set[str] = set()
+
+
+def use_triton(device) -> bool:
+    """The one choice between a Triton kernel and its torch twin: Triton on CUDA where it is installed,
+    the twin everywhere else (on a CPU the kernels run only under the interpreter, which the tests
+    choose themselves). Logged once per device type."""
+    chosen = device.type == "cuda" and HAS_TRITON
+    if device.type not in _LOGGED:
+        _LOGGED.add(device.type)
+        logger.info("kernels on %s: %s", device.type, "Triton" if chosen else "torch twins")
+    return chosen
+
+
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1): Triton's block sizes must be powers of two."""
     return 1 << max(0, (int(n) - 1).bit_length())
@@ -49,4 +67,4 @@ def upcast_for_interpreter(t) -> bool:
     return t.device.type == "cpu"
 
 
-__all__ = ["HAS_TRITON", "next_pow2", "tl", "triton", "upcast_for_interpreter"]
+__all__ = ["HAS_TRITON", "next_pow2", "tl", "triton", "upcast_for_interpreter", "use_triton"]

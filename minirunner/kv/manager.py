@@ -95,12 +95,8 @@ class KVCacheManager:
             self.pool.share(block)
             table.blocks.append(block)
             hashes.append(self.pool.block_hash[block])
-        if cached_blocks:
-            cached_tokens = len(cached_blocks) * self.block_size
-            request.num_computed_tokens += cached_tokens
-            if request.num_preemptions == 0:  # first admission only, and prompt tokens only
-                request.num_cached_tokens = min(cached_tokens, len(request.prompt_token_ids))
-        start = request.num_computed_tokens
+        # the scheduler moves the request's count past the cached tokens (it alone writes it)
+        start = request.num_computed_tokens + len(cached_blocks) * self.block_size
         total = start + num_new_tokens
         # Copy-on-write: a block another table still holds is copied before this request writes it.
         for i in self._shared_in_range(table, start, total):

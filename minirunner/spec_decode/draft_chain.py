@@ -31,10 +31,10 @@ import torch
 
 from minirunner.engine.in_flight import InFlightStep
 from minirunner.engine.request import Request
-from minirunner.engine.scheduler import ScheduledRequest, SchedulerOutput
+from minirunner.engine.scheduler import ScheduledRequest, ScheduledStep
 from minirunner.spec_decode.async_utils import ChainState, sync_check
 from minirunner.spec_decode.draft_model import draft_sampling_params, draw_drafts
-from minirunner.worker.async_output import LaunchedOutput
+from minirunner.worker.async_output import AsyncOutput
 from minirunner.worker.buffers import to_device
 from minirunner.worker.cudagraph import GraphKey, GraphKind
 from minirunner.worker.input_batch import graph_rows
@@ -88,7 +88,7 @@ class DraftChain:
         self.scheduler.update_after_launch(step.sched)
         return step
 
-    def applied(self, sched: SchedulerOutput, runs: list[list[int]], end: bool) -> None:
+    def applied(self, sched: ScheduledStep, runs: list[list[int]], end: bool) -> None:
         """A chained step was read and applied (drafts rolled back): the draft cache holds each live
         request's verified tokens up to the last (all but the last two when every draft passed);
         full verified blocks join the prefix cache. ``end``: nothing chained follows — give back the
@@ -98,7 +98,7 @@ class DraftChain:
             if r.is_finished:
                 continue
             all_passed = len(run) - 1 == len(s.draft_token_ids)
-            self.proposer.seqs[r.request_id].num_computed_tokens = r.num_tokens - 1 - all_passed
+            self.proposer.set_computed(r.request_id, r.num_tokens - 1 - all_passed)
             self.kv.cache_full_blocks(r, r.num_tokens - 1)
         if end:
             for r in self.scheduler.running:
@@ -159,7 +159,7 @@ class DraftChain:
         self._draft_params = draft_sampling_params(batch, self.device, self.draft.model.config.vocab_size) \
             if self._sampled else None
         for r in batch:
-            self.proposer.seqs[r.request_id].num_computed_tokens = r.num_computed_tokens - 1
+            self.proposer.set_computed(r.request_id, r.num_computed_tokens - 1)
 
     # -- launching ------------------------------------------------------------------------------
     def _launch(self, batch: list[Request], k: int, bucket: int, start: torch.Tensor,
@@ -172,8 +172,8 @@ class DraftChain:
         copies = self.kv.take_copies()
         self.target.copy_blocks([c[0] for c in copies], [c[1] for c in copies])
         seqs = [self.proposer.seqs[r.request_id] for r in batch]
-        self._stage_rows(self.draft, [self.draft.state.sync(s, self.proposer.kv.table(s.request_id))
-                                      for s in seqs], bucket, sampling=False)
+        self._stage_rows(self.draft, self._rows(self.draft, self.proposer.sent, seqs, self.proposer.kv),
+                         bucket, sampling=False)
         # Draft pass 0: the last two verified tokens; then one pass per further draft.
         tokens, qs = [], []
         step_ids, positions = torch.stack((before, last), 1), torch.stack((start - 1, start), 1)
@@ -195,7 +195,7 @@ class DraftChain:
         # The verify step: the last verified token and the k drafts, at start .. start + k.
         ids = torch.cat((last[:, None], torch.stack(tokens, 1)), 1)
         target = self.target
-        self._stage_rows(target, [target.state.sync(r, self.kv.table(r.request_id)) for r in batch], bucket,
+        self._stage_rows(target, self._rows(target, self.scheduler.sent, batch, self.kv), bucket,
                          sampling=True)
         target.buffers.write_uniform(bucket, n, ids, start[:, None] + torch.arange(k + 1, device=self.device),
                                      sample_positions=start + 1)
@@ -206,13 +206,19 @@ class DraftChain:
         runs = runs[:n].clone()  # the next replay overwrites the graph's outputs
         self.num_launched += 1
         # the host knows the step's shape, not its drafts: zeros stand for them
-        sched = SchedulerOutput([ScheduledRequest(r, k + 1, [0] * k) for r in batch])
+        sched = ScheduledStep([ScheduledRequest(r, k + 1, [0] * k) for r in batch])
         out = RunnerOutput(req_ids=[r.request_id for r in batch], num_drafts=[k] * n,
                            graph=StepGraphInfo(target.graphs.mode, bucket, bucket - n))
-        step = InFlightStep(sched, LaunchedOutput(out, runs), t0, propose_s, time.perf_counter() - t1,
+        step = InFlightStep(sched, AsyncOutput(out, runs), t0, propose_s, time.perf_counter() - t1,
                             ahead=True, chained=True)
         self.chain[id(step)] = ChainState(list(batch), k, start, ids, runs)
         return step
+
+    @staticmethod
+    def _rows(runner: ModelRunner, sent, seqs, kv) -> list[int]:
+        """The state rows of ``seqs`` in ``runner``, their block ids brought up to date (as data)."""
+        runner.update_states(sent.build([ScheduledRequest(s, 1) for s in seqs], kv.table))
+        return [runner.state.row_of[s.request_id] for s in seqs]
 
     def _stage_rows(self, runner: ModelRunner, rows: list[int], bucket: int, sampling: bool) -> None:
         """The batch's block-table rows (and with ``sampling`` its sampling parameters), padded to the

@@ -24,13 +24,15 @@ from minirunner.config import EngineConfig, ModelConfig
 from minirunner.engine.request import Request
 from minirunner.engine.scheduler import ScheduledRequest
 from minirunner.engine.sequence import RunnableSequence
-from minirunner.kernels._triton import HAS_TRITON
+from minirunner.engine.step_data import WorkerRowsSent
+from minirunner.kernels._triton import use_triton
 from minirunner.kernels.rejection_sampling import one_hot_probs, probs_from_logits
 from minirunner.kernels.sampling import sample, sample_ref
 from minirunner.kv.manager import KVCacheManager
 from minirunner.model.loader import load_model
 from minirunner.sampling_params import SamplingParams
 from minirunner.spec_decode.proposer import Proposer
+from minirunner.worker.buffers import to_device
 from minirunner.worker.model_runner import ModelRunner
 
 _SEED_MASK = (1 << 63) - 1
@@ -52,6 +54,11 @@ class DraftSequence(RunnableSequence):
     num_output_placeholders: int = 0  # the draft's passes are read at once: never any in flight
     params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
     seed: int = 0
+    eos_token_ids: frozenset[int] = frozenset()
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.tokens  # the draft's rows see every token as prompt: it has no logits processors
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -89,6 +96,7 @@ class DraftModelProposer(Proposer):
         self.max_batched = config.max_num_batched_tokens
         self.device = config.device
         self.seqs: dict[str, DraftSequence] = {}
+        self.sent = WorkerRowsSent()  # what the draft runner's rows hold
         self._chain = None  # (inputs, sampled tokens) of the last pass, while the next may follow it
 
     # -- bookkeeping ----------------------------------------------------------------------------
@@ -103,7 +111,13 @@ class DraftModelProposer(Proposer):
         seq = self.seqs.pop(request_id, None)
         if seq is not None:
             self.kv.free(seq)
+            self.sent.forget(request_id)
             self.runner.free_request(request_id)
+
+    def set_computed(self, request_id: str, num_computed_tokens: int) -> None:
+        """The draft cache holds K/V for the first ``num_computed_tokens`` of the request's shadow
+        sequence (the proposer schedules the draft runner, so it alone writes the shadow's count)."""
+        self.seqs[request_id].num_computed_tokens = num_computed_tokens
 
     def _sync(self, request: Request) -> DraftSequence:
         """Align the shadow sequence with the request's verified tokens, rolling back K/V past the
@@ -180,10 +194,11 @@ class DraftModelProposer(Proposer):
 
     def _run(self, scheduled: list[ScheduledRequest], by_id, out) -> None:
         prev, self._chain = self._chain, None
-        follows = prev is not None and len(scheduled) == len(prev[0].sample_requests) and all(
-            s.num_new_tokens == 1 and s.request is r
-            for s, r in zip(scheduled, prev[0].sample_requests, strict=True))
-        logits, inputs = self.runner.forward_logits(scheduled, self.kv, prev if follows else None)
+        follows = prev is not None and len(scheduled) == len(prev[0].sample_states) and all(
+            s.num_new_tokens == 1 and s.request.request_id == r.req_id
+            for s, r in zip(scheduled, prev[0].sample_states, strict=True))
+        data = self.sent.build(scheduled, self.kv.table)
+        logits, inputs = self.runner.forward_logits(data, prev if follows else None)
         sampling = [s.request for s in scheduled if s.samples]
         for s in scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
@@ -200,8 +215,7 @@ class DraftModelProposer(Proposer):
                 out[seq.request_id][0].append(token)
                 out[seq.request_id][1].append(None)
             return
-        positions = torch.tensor([seq.num_tokens for seq in sampling], dtype=torch.int64,
-                                 device=self.device)
+        positions = to_device(np.asarray([seq.num_tokens for seq in sampling], dtype=np.int64), self.device)
         sampled, q = draw_drafts(logits, draft_sampling_params(reqs, self.device, logits.shape[-1]),
                                  positions)
         self._keep_chain(inputs, sampled, scheduled)
@@ -214,7 +228,7 @@ class DraftModelProposer(Proposer):
         """Remember an eager pass in which every request sampled: the next pass, feeding each request
         exactly the token it just drew, prepares its inputs from this one on the device
         (ModelRunner.prepare_next_decode) instead of from the host's token lists."""
-        if inputs is not None and len(inputs.sample_requests) == len(scheduled):
+        if inputs is not None and len(inputs.sample_states) == len(scheduled):
             self._chain = (inputs, tokens)
 
 
@@ -231,12 +245,14 @@ class DraftSampling(NamedTuple):
 
 def draft_sampling_params(requests: list[Request], device: torch.device, vocab: int) -> DraftSampling:
     """The draft sampler's parameters for these requests: their own, the seeds salted."""
+    def put(values, dtype) -> torch.Tensor:  # staged, pinned copies
+        return to_device(np.asarray(values, dtype=dtype), device)
+
     return DraftSampling(
-        torch.tensor([r.params.temperature for r in requests], dtype=torch.float32, device=device),
-        torch.tensor([r.params.top_k for r in requests], dtype=torch.int64, device=device),
-        torch.tensor([r.params.top_p for r in requests], dtype=torch.float32, device=device),
-        torch.tensor([(r.seed ^ _DRAFT_SALT) & _SEED_MASK for r in requests], dtype=torch.int64,
-                     device=device),
+        put([r.params.temperature for r in requests], np.float32),
+        put([r.params.top_k for r in requests], np.int64),
+        put([r.params.top_p for r in requests], np.float32),
+        put([(r.seed ^ _DRAFT_SALT) & _SEED_MASK for r in requests], np.int64),
         any(0 < r.params.top_k < vocab or r.params.top_p < 1 for r in requests))
 
 
@@ -245,7 +261,7 @@ def draw_drafts(logits: torch.Tensor, params: DraftSampling, positions: torch.Te
     """One draft token per row from the draft's logits [rows, vocab], seeded by (salted seed, position
     of the token drawn): (tokens int64 [rows], q fp32 [rows, vocab], the distribution each was drawn
     from). Device ops only: nothing is read back."""
-    sampler = sample if logits.device.type == "cuda" and HAS_TRITON else sample_ref
+    sampler = sample if use_triton(logits.device) else sample_ref
     p = params
     tokens = sampler(logits, p.temperatures, p.top_k, p.top_p, p.seeds, positions,
                      apply_filters=p.apply_filters)
@@ -258,5 +274,5 @@ def _stack_probs(tokens: list[int], qs: list[torch.Tensor | None], vocab: int) -
     if all(q is None for q in qs):
         return None
     dev = next(q for q in qs if q is not None).device
-    return torch.stack([q if q is not None else one_hot_probs(torch.tensor([t], device=dev), vocab)[0]
+    return torch.stack([q if q is not None else one_hot_probs(to_device(np.asarray([t]), dev), vocab)[0]
                         for t, q in zip(tokens, qs, strict=True)])

@@ -21,7 +21,7 @@ PROBE_EVERY = 10
 class AcceptanceDrivenK:
     def __init__(self, k_max: int, cost_ratio: float | None):
         self.k_max, self.cost_ratio = k_max, cost_ratio
-        self.num_calls = 0
+        self.num_decisions = 0  # steps that proposed with a chosen k (for the probe every PROBE_EVERY)
         self.propose_s = 0.0  # proposer seconds, summed with the draft tokens they made
         self.draft_steps = 0
         self.verify_s = 0.0
@@ -29,7 +29,7 @@ class AcceptanceDrivenK:
 
     def observe(self, propose_s: float, max_k: int, verify_s: float) -> None:
         """One engine step that speculated: its proposer time for ``max_k`` draft passes, and its
-        target step time."""
+        target step's device time (CUDA events, read with the step's output; on a CPU the host clock)."""
         self.propose_s += propose_s
         self.draft_steps += max_k
         self.verify_s += verify_s
@@ -41,12 +41,16 @@ class AcceptanceDrivenK:
         return (self.propose_s / self.draft_steps) / (self.verify_s / self.verify_steps)
 
     def choose(self, stats: SpecStats) -> int:
-        self.num_calls += 1
+        """The k for the next step that proposes; pure (asking changes nothing, :meth:`advance` moves on)."""
         c = self.cost_ratio if self.cost_ratio is not None else self.measured_cost_ratio()
         alpha = stats.alpha
         if stats.num_steps < WARMUP_STEPS or alpha is None or c is None:
             return self.k_max
         k = best_k(alpha, c, self.k_max)
-        if k == 0 and self.num_calls % PROBE_EVERY == 0:
+        if k == 0 and (self.num_decisions + 1) % PROBE_EVERY == 0:
             return 1
         return k
+
+    def advance(self) -> None:
+        """A step proposed with the k :meth:`choose` gave: the probe counter moves on."""
+        self.num_decisions += 1

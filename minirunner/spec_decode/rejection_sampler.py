@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from minirunner.kernels._triton import HAS_TRITON
+from minirunner.kernels._triton import use_triton
 from minirunner.kernels.rejection_sampling import (
     greedy_rejection_sample,
     rejection_sample,
@@ -27,8 +27,8 @@ class RejectionSampler:
     CPU it runs only under TRITON_INTERPRET=1), else its torch twin."""
 
     def __init__(self, device: torch.device, triton: bool | None = None):
-        use_triton = device.type == "cuda" and HAS_TRITON if triton is None else triton
-        self.kernel = rejection_sample if use_triton else rejection_sample_ref
+        triton = use_triton(device) if triton is None else triton
+        self.kernel = rejection_sample if triton else rejection_sample_ref
 
     def __call__(self, draft_token_ids: torch.Tensor, cu_num_draft_tokens: torch.Tensor,
                  draft_probs: torch.Tensor | None, target_logits: torch.Tensor, temperatures: torch.Tensor,

@@ -5,13 +5,14 @@ runs or may join the step needs the host-side logits processors or logprobs), as
 drafts of every decode-ready running request (fewer near max_tokens / max_model_len), handing the
 draft probabilities to the verify step, and the metrics (per request, engine-wide, per step). Never
 runs the target model, never appends tokens and never touches the target's KV cache (the engine rolls
-back num_computed_tokens; the draft proposer rolls back its own cache).
+back num_computed_tokens through the scheduler; the draft proposer rolls back its own cache).
 """
 
 from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from minirunner.engine.request import Request
@@ -22,6 +23,7 @@ from minirunner.spec_decode.draft_model import DraftModelProposer
 from minirunner.spec_decode.dynamic import AcceptanceDrivenK
 from minirunner.spec_decode.metrics import SpecStats
 from minirunner.spec_decode.ngram import NgramProposer
+from minirunner.worker.buffers import to_device
 from minirunner.worker.logits_processing import needs_logits_processing
 
 
@@ -42,6 +44,7 @@ class Speculator:
         self.stats = SpecStats()
 
     def choose_k(self, batch_size: int) -> int:
+        """The k the next proposing step would use (pure: asking changes nothing)."""
         if self.dynamic is not None:
             return self.dynamic.choose(self.stats)
         return self.config.k_for_batch_size(batch_size)
@@ -65,6 +68,8 @@ class Speculator:
         if any(needs_plain_sampling(r) for r in running) or any(needs_plain_sampling(r) for r in joining):
             ready = []
         k = self.choose_k(len(running)) if ready else 0
+        if ready and self.dynamic is not None:
+            self.dynamic.advance()
         # A step emits up to k + 1 tokens: never past max_len (prompt + max_tokens, max_model_len).
         ks = [max(0, min(k, r.max_len - r.num_tokens - 1)) for r in ready]
         if any(ks):
@@ -86,21 +91,20 @@ class Speculator:
             q = self._probs.get(s.request.request_id)
             if q is None:  # this request's drafts were greedy: one-hot rows
                 like = next(iter(self._probs.values()))
-                q = one_hot_probs(torch.tensor(s.draft_token_ids, device=like.device), like.shape[-1])
+                q = one_hot_probs(to_device(np.asarray(s.draft_token_ids, dtype=np.int64), like.device),
+                                  like.shape[-1])
             rows.append(q[:len(s.draft_token_ids)])
         return torch.cat(rows) if rows else None
 
     def verified(self, sampling: list[ScheduledRequest], runs: list[list[int]], kv, propose_s: float,
                  verify_s: float, trim: bool = True) -> dict[str, list[int]]:
-        """After a verify step was applied: roll back each request's rejected drafts (their K/V slots lie
-        past the accepted run) and count what was accepted. ``trim``: give back the blocks that held
-        only rejected drafts (``kv``) — not while a chained step in flight may still write them. Returns
-        {request_id: [k, accepted]} for the trace."""
-        for s, run in zip(sampling, runs, strict=True):
-            if s.draft_token_ids:
-                s.request.num_computed_tokens -= len(s.draft_token_ids) - (len(run) - 1)
-                if trim:
-                    kv.trim(s.request)
+        """After a verify step was applied and the scheduler rolled back each request's rejected drafts
+        (``Scheduler.update_from_output``): count what was accepted. ``trim``: give back the blocks that
+        held only rejected drafts (``kv``) — not while a chained step in flight may still write them.
+        Returns {request_id: [k, accepted]} for the trace."""
+        for s in sampling:
+            if s.draft_token_ids and trim:
+                kv.trim(s.request)
         return self.record_runs([s.request for s in sampling], [len(s.draft_token_ids) for s in sampling],
                                 runs, propose_s, verify_s)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minirunner.kernels._triton import HAS_TRITON
+from minirunner.kernels._triton import use_triton
 from minirunner.kernels.sampling import sample, sample_ref
 from minirunner.spec_decode.rejection_sampler import RejectionSampler
 
@@ -108,7 +108,7 @@ def _own_code(fn: Callable, name: str) -> Callable:
     return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
 
 
-class DecodeGraphs:
+class CudaGraphManager:
     """One step per GraphKey, compiled or captured, replayed by ``run``.
 
     ``buffers``: the StepBuffers every step reads; ``model``, ``backend``, ``kv_caches``: what it runs;
@@ -123,7 +123,7 @@ class DecodeGraphs:
                  max_draft_tokens: int = 0, draft_q: bool = False, extra_query_lens: Sequence[int] = (),
                  rejection_sampler: RejectionSampler | None = None):
         if mode not in ("compile", "cuda"):
-            raise ValueError(f"DecodeGraphs runs graph_mode 'compile' or 'cuda', not {mode!r}")
+            raise ValueError(f"CudaGraphManager runs graph_mode 'compile' or 'cuda', not {mode!r}")
         if not backend.supports_graphs:
             raise ValueError(f"attention_backend={backend.name!r} has no capturable plan; use "
                              "graph_mode='none'")
@@ -213,7 +213,7 @@ class DecodeGraphs:
         model, backend, caches = self.model, self.backend, self.kv_caches
         input_ids = b.input_ids[:size * query_len]
         params = b.sampling_params(size)
-        on_gpu = self.device.type == "cuda" and HAS_TRITON
+        on_gpu = use_triton(self.device)
         if kind in VERIFY_KINDS:
             k = query_len - 1
             cu = self._verify_cu.setdefault(

@@ -7,8 +7,9 @@ logits are computed, and for a graph step the padding to its bucket. Two paths f
 host path (numpy, no device sync: the CPU default) and the GPU-native path (the CUDA default), where the
 host sends only the step's idx_mapping, query lengths, token ids and the state rows' changed cells
 (worker/state_mirror.py) and the input-prep kernel computes positions, slots, seq_lens, query_start_loc and
-the block-table gather on the device. Every write goes through worker/buffers.py. It syncs each request's
-state row (worker/states.py) but never allocates blocks, runs the model or samples.
+the block-table gather on the device. Every write goes through worker/buffers.py. It reads the step as
+data (core/sched/output.py) and writes each request's query tokens to its worker row (worker/states.py);
+it never allocates blocks, runs the model or samples.
 """
 
 from __future__ import annotations
@@ -19,14 +20,12 @@ import numpy as np
 import torch
 
 from minirunner.attention import AttentionMetadata
-from minirunner.engine.request import Request
-from minirunner.engine.scheduler import ScheduledRequest
+from minirunner.core.sched.output import SchedulerOutput
 from minirunner.kv.block_table import cdiv, slot_of
-from minirunner.kv.manager import KVCacheManager
 from minirunner.worker.async_output import PrevSampled
 from minirunner.worker.buffers import StepBuffers
 from minirunner.worker.state_mirror import StateMirror
-from minirunner.worker.states import RequestStateRows
+from minirunner.worker.states import CachedRequestState, RequestStateRows
 
 
 @dataclass(slots=True)
@@ -36,8 +35,8 @@ class InputBatch:
     input_ids: int64 [num_tokens]; logits_indices: int64 [num_sampling + num_draft_tokens] (the flat
     rows whose logits are computed: for every request that samples, its last known token's row, then one
     row per speculative draft); sample_rows: the sampling requests' state rows (host); sample_positions:
-    int64 [num_sampling] (position of the first token each samples); sample_requests: those requests, in
-    order.
+    int64 [num_sampling] (position of the first token each samples); sample_states: those requests'
+    worker state, in order.
     """
 
     input_ids: torch.Tensor
@@ -45,15 +44,17 @@ class InputBatch:
     logits_indices: torch.Tensor
     sample_rows: np.ndarray
     sample_positions: torch.Tensor
-    sample_requests: list[Request]
+    sample_states: list[CachedRequestState]
     draft_token_ids: np.ndarray  # int64 [num_draft_tokens]: speculative drafts, request by request
     num_drafts: np.ndarray  # int64 [num_sampling]: drafts of each sampling request
 
 
-def prepare_input_batch(state: RequestStateRows, buffers: StepBuffers, scheduled: list[ScheduledRequest],
-                        kv: KVCacheManager, bucket: int | None = None, query_len: int = 1,
+def prepare_input_batch(state: RequestStateRows, buffers: StepBuffers, sched: SchedulerOutput,
+                        bucket: int | None = None, query_len: int = 1,
                         mirror: StateMirror | None = None, prev: PrevSampled | None = None) -> InputBatch:
-    """Fill the step buffers from the scheduler's decisions (no device sync).
+    """Fill the step buffers from the scheduler's data (no device sync). The state rows must hold the
+    step's requests already (``RequestStateRows.update``); each request's query tokens are written to
+    its row here.
 
     ``bucket``: a uniform batch (every request ``query_len`` tokens: 1 for decode, k + 1 for a
     verify step) padded to this many rows for a graph step: rows past the batch become padding
@@ -62,7 +63,8 @@ def prepare_input_batch(state: RequestStateRows, buffers: StepBuffers, scheduled
     device mirrors, for the GPU-native path (None: the host path); both fill identical buffers.
     ``prev``: the tokens sampled by the step still in flight (async scheduling); a request's token the
     host has not read yet is gathered from them on the device."""
-    S = len(scheduled)
+    num_scheduled = sched.num_scheduled_tokens
+    S = len(num_scheduled)
     b = buffers
     rows = np.empty(S, dtype=np.int64)
     qlens = np.empty(S, dtype=np.int64)
@@ -70,24 +72,28 @@ def prepare_input_batch(state: RequestStateRows, buffers: StepBuffers, scheduled
     samples = np.empty(S, dtype=bool)
     num_drafts = np.zeros(S, dtype=np.int64)
     drafts: list[int] = []
-    T = sum(s.num_new_tokens for s in scheduled)
+    T = sched.total_num_scheduled_tokens
     ids = np.empty(T, dtype=np.int64)
     in_flight: list[tuple[int, int]] = []  # (token row, row in prev.tokens)
+    computed = sched.num_computed_tokens()
+    no_drafts: list[int] = []
     t = 0
-    for i, s in enumerate(scheduled):
-        request, n = s.request, s.num_new_tokens
-        start = s.start
-        rows[i] = state.sync(request, kv.table(request.request_id))
-        known = min(n, request.num_tokens - start)
-        ids[t:t + known] = request.token_buffer[start:start + known]
-        if known + len(s.draft_token_ids) < n:  # its last token is still on the device
-            in_flight.append((t + known, prev.row_of[request.request_id]))
+    for i, (rid, n) in enumerate(num_scheduled.items()):
+        start = computed[rid]
+        rows[i] = row = state.row_of[rid]
+        known_ids = sched.new_token_ids[rid]
+        known = len(known_ids)
+        spec = sched.scheduled_spec_decode_tokens.get(rid, no_drafts)
+        state.requests[row].write_tokens(start, known_ids, spec)
+        ids[t:t + known] = known_ids
+        if rid in sched.in_flight_req_ids:  # its last token is still on the device
+            in_flight.append((t + known, prev.row_of[rid]))
             ids[t + known] = 0
-        if s.draft_token_ids:  # speculative tokens follow the known ones
-            ids[t + n - len(s.draft_token_ids):t + n] = s.draft_token_ids
-            num_drafts[i] = len(s.draft_token_ids)
-            drafts += s.draft_token_ids
-        qlens[i], starts[i], samples[i] = n, start, s.samples
+        if spec:  # speculative tokens follow the known ones
+            ids[t + n - len(spec):t + n] = spec
+            num_drafts[i] = len(spec)
+            drafts += spec
+        qlens[i], starts[i], samples[i] = n, start, rid in sched.sampling_req_ids
         t += n
     qsl = np.zeros(S + 1, dtype=np.int32)
     np.cumsum(qlens, out=qsl[1:])
@@ -122,23 +128,21 @@ def prepare_input_batch(state: RequestStateRows, buffers: StepBuffers, scheduled
         logits_indices=b.put(b.logits_indices, logits_rows),
         sample_rows=rows[samples],
         sample_positions=b.put(b.sample_positions, sample_positions),
-        sample_requests=[s.request for s, flag in zip(scheduled, samples, strict=True) if flag],
+        sample_states=[state.requests[row] for row in rows[samples]],
         draft_token_ids=np.asarray(drafts, dtype=np.int64),
         num_drafts=d,
     )
 
 
-def prepare_next_decode(state: RequestStateRows, buffers: StepBuffers, prev: InputBatch, tokens: torch.Tensor,
-                        scheduled: list[ScheduledRequest], kv: KVCacheManager) -> InputBatch:
-    """``prepare_input_batch`` for the pass right after the eager pass ``prev`` in which every request of
-    ``scheduled`` sampled, when each now feeds the one token it just sampled (``tokens``: int64
-    [num_requests] on the device, e.g. the draft's argmax) and samples again: the draft proposer's
-    passes 1..k-1. As vLLM's EAGLE proposer does, positions and seq_lens move on by one and the slots
-    come from the block tables (new block ids written first); the tokens go device to device, never
-    through the host, and the per-request bookkeeping of ``prepare_input_batch`` is skipped."""
-    for s in scheduled:
-        state.sync(s.request, kv.table(s.request.request_id))
-    rows, n = prev.sample_rows, len(scheduled)
+def prepare_next_decode(state: RequestStateRows, buffers: StepBuffers, prev: InputBatch,
+                        tokens: torch.Tensor) -> InputBatch:
+    """``prepare_input_batch`` for the pass right after the eager pass ``prev`` in which every request
+    sampled, when each now feeds the one token it just sampled (``tokens``: int64 [num_requests] on the
+    device, e.g. the draft's argmax) and samples again: the draft proposer's passes 1..k-1. As vLLM's
+    EAGLE proposer does, positions and seq_lens move on by one and the slots come from the block tables
+    (the state rows hold the new block ids already); the tokens go device to device, never through the
+    host, and the per-request bookkeeping of ``prepare_input_batch`` is skipped."""
+    rows, n = prev.sample_rows, len(prev.sample_rows)
     positions = prev.meta.seq_lens_cpu.numpy().astype(np.int64)  # each new token's position
     seq_lens = (positions + 1).astype(np.int32)
     slots = _slots(state, buffers.block_size, rows, positions)
@@ -153,7 +157,7 @@ def prepare_next_decode(state: RequestStateRows, buffers: StepBuffers, prev: Inp
         logits_indices=b.put(b.logits_indices, np.arange(n, dtype=np.int64)),
         sample_rows=rows,
         sample_positions=b.put(b.sample_positions, seq_lens.astype(np.int64)),
-        sample_requests=prev.sample_requests,
+        sample_states=prev.sample_states,
         draft_token_ids=np.zeros(0, dtype=np.int64),
         num_drafts=np.zeros(n, dtype=np.int64))
 

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from minirunner.worker.buffers import to_device
 
 _NEG_INF = float("-inf")
 
@@ -90,7 +93,7 @@ class PenaltyState:
         self._free.extend(range(2 * old - 1, old - 1, -1))
 
     def row(self, request) -> int:
-        rid = request.request_id
+        rid = request.req_id
         if rid in self.rows:
             return self.rows[rid]
         if not self._free:
@@ -99,8 +102,8 @@ class PenaltyState:
         self.rows[rid] = r
         dev = self.device
         self.prompt_mask[r].zero_()
-        self.prompt_mask[r, torch.tensor(request.prompt_token_ids, dtype=torch.int64, device=dev)] = True
-        out = torch.tensor(list(request.output_token_ids), dtype=torch.int64, device=dev)
+        self.prompt_mask[r, _put(request.prompt_token_ids, np.int64, dev)] = True
+        out = _put(request.output_token_ids, np.int64, dev)
         self.counts[r] = torch.bincount(out, minlength=self.vocab_size).to(torch.int32)
         return r
 
@@ -149,7 +152,8 @@ class LogitsProcessors:
         self._penalty_index: torch.Tensor | None = None
 
     def prepare(self, requests: list) -> LogitsBatch | None:
-        """requests: the sampling rows' Requests, in row order. None when nothing applies."""
+        """requests: the sampling rows' worker states (worker/states.py), in row order. None when
+        nothing applies."""
         self._penalty_rows = self._penalty_index = None
         params = [r.params for r in requests]
         use_bias = any(p.logit_bias or p.allowed_token_ids is not None or p.bad_words_token_ids
@@ -163,58 +167,64 @@ class LogitsProcessors:
         n, dev = len(requests), self.device
         batch = LogitsBatch()
         if use_bias or suppress:
-            rows, cols, vals = [], [], []
-            for i, p in enumerate(params):
-                for token, value in (p.logit_bias or {}).items():
-                    rows.append(i)
-                    cols.append(token)
-                    vals.append(value)
-            bias = torch.zeros(n, self.vocab_size, dtype=torch.float32, device=dev)
-            if rows:
-                bias.index_put_((torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
-                                torch.tensor(vals, dtype=torch.float32, device=dev))
-            rows, cols = [], []
-            for i in suppress:  # min_tokens: EOS and stop ids may not end the output yet
-                ids = set(requests[i].eos_token_ids) | set(requests[i].params.stop_token_ids)
-                ids = [t for t in ids if t < self.vocab_size]
-                rows += [i] * len(ids)
-                cols += ids
-            for i, r in enumerate(requests):
-                if r.params.bad_words_token_ids:
-                    ids = banned_bad_word_tokens(r.params.bad_words_token_ids, r.output_token_ids)
-                    rows += [i] * len(ids)
-                    cols += ids
-            if rows:
-                bias.index_put_((torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
-                                torch.tensor(_NEG_INF, device=dev))
-            for i, p in enumerate(params):
-                if p.allowed_token_ids is not None:  # every other token is masked off
-                    blocked = torch.ones(self.vocab_size, dtype=torch.bool, device=dev)
-                    blocked[torch.tensor(p.allowed_token_ids, device=dev)] = False
-                    bias[i].masked_fill_(blocked, _NEG_INF)
-            batch.bias = bias
+            batch.bias = self._bias(requests, suppress)
         if use_pen:
             index = [i for i, p in enumerate(params) if p.has_penalties]
             state_rows = [self.penalties.row(requests[i]) for i in index]
-            rows_t = torch.tensor(state_rows, dtype=torch.int64, device=dev)
-            index_t = torch.tensor(index, dtype=torch.int64, device=dev)
+            rows_t = _put(state_rows, np.int64, dev)
+            index_t = _put(index, np.int64, dev)
             counts = torch.zeros(n, self.vocab_size, dtype=torch.int32, device=dev)
             prompt_mask = torch.zeros(n, self.vocab_size, dtype=torch.bool, device=dev)
             counts[index_t] = self.penalties.counts[rows_t]
             prompt_mask[index_t] = self.penalties.prompt_mask[rows_t]
             batch.counts, batch.prompt_mask = counts, prompt_mask
-            batch.repetition = torch.tensor([p.repetition_penalty for p in params],
-                                            dtype=torch.float32, device=dev)
-            batch.frequency = torch.tensor([p.frequency_penalty for p in params],
-                                           dtype=torch.float32, device=dev)
-            batch.presence = torch.tensor([p.presence_penalty for p in params],
-                                          dtype=torch.float32, device=dev)
+            batch.repetition = _put([p.repetition_penalty for p in params], np.float32, dev)
+            batch.frequency = _put([p.frequency_penalty for p in params], np.float32, dev)
+            batch.presence = _put([p.presence_penalty for p in params], np.float32, dev)
             self._penalty_rows, self._penalty_index = rows_t, index_t
         if use_min_p:
-            batch.min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev)
-            batch.temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32,
-                                             device=dev)
+            batch.min_p = _put([p.min_p for p in params], np.float32, dev)
+            batch.temperature = _put([p.temperature for p in params], np.float32, dev)
         return batch
+
+    def _bias(self, requests: list, suppress: list[int]) -> torch.Tensor:
+        """fp32 [n, vocab] on the device: logit_bias, then -inf for min_tokens' held-off ids, bad words'
+        last tokens and every token outside allowed_token_ids. The host sends (row, token) pairs only,
+        through staged copies; the scatters run on the device."""
+        dev, vocab = self.device, self.vocab_size
+        bias = torch.zeros(len(requests), vocab, dtype=torch.float32, device=dev)
+        rows, cols, vals = [], [], []
+        for i, r in enumerate(requests):
+            for token, value in (r.params.logit_bias or {}).items():
+                rows.append(i)
+                cols.append(token)
+                vals.append(value)
+        if rows:
+            bias.index_put_((_put(rows, np.int64, dev), _put(cols, np.int64, dev)),
+                            _put(vals, np.float32, dev))
+        rows, cols = [], []
+        for i in suppress:  # min_tokens: EOS and stop ids may not end the output yet
+            ids = [t for t in set(requests[i].eos_token_ids) | set(requests[i].params.stop_token_ids)
+                   if t < vocab]
+            rows += [i] * len(ids)
+            cols += ids
+        for i, r in enumerate(requests):
+            if r.params.bad_words_token_ids:
+                ids = banned_bad_word_tokens(r.params.bad_words_token_ids, r.output_token_ids)
+                rows += [i] * len(ids)
+                cols += ids
+        if rows:
+            bias.index_put_((_put(rows, np.int64, dev), _put(cols, np.int64, dev)),
+                            torch.full((len(rows),), _NEG_INF, device=dev))
+        allowed = [i for i, r in enumerate(requests) if r.params.allowed_token_ids is not None]
+        if allowed:  # every other token is masked off
+            keep = torch.zeros(len(requests), vocab, dtype=torch.bool, device=dev)
+            rows = [i for i in allowed for _ in requests[i].params.allowed_token_ids]
+            cols = [t for i in allowed for t in requests[i].params.allowed_token_ids]
+            keep[_put(rows, np.int64, dev), _put(cols, np.int64, dev)] = True
+            index = _put(allowed, np.int64, dev)
+            bias[index] = bias[index].masked_fill(~keep[index], _NEG_INF)
+        return bias
 
     def record(self, tokens: torch.Tensor) -> None:
         """tokens: int64 [n] sampled this step (device): update the penalty rows prepared for it."""
@@ -223,3 +233,8 @@ class LogitsProcessors:
 
     def release(self, request_id: str) -> None:
         self.penalties.release(request_id)
+
+
+def _put(values: list, dtype, device: torch.device) -> torch.Tensor:
+    """A host list on the device through a staged, pinned copy (worker/buffers.py)."""
+    return to_device(np.asarray(values, dtype=dtype), device)

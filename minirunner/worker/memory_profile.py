@@ -9,14 +9,13 @@ runs is exercised on CPU by the tests.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from minirunner.attention import make_backend
 from minirunner.config import EngineConfig, ModelConfig
-from minirunner.engine.request import Request
-from minirunner.engine.scheduler import ScheduledRequest, SchedulerOutput
+from minirunner.core.sched.output import NewRequestData, SchedulerOutput
 from minirunner.kv.block_table import cdiv
-from minirunner.kv.manager import KVCacheManager
 from minirunner.sampling_params import SamplingParams
 
 
@@ -40,18 +39,21 @@ def run_profiling_step(model, config: EngineConfig,
     num_blocks = sum(cdiv(n, block) for n in lens)
     backend = make_backend(config, mc)
     runner = ModelRunner(model, backend, num_blocks, block, len(lens), tokens, config.max_model_len)
-    kv = KVCacheManager(num_blocks, block, enable_prefix_caching=False)
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=1, seed=0)
-    scheduled = []
-    for i, n in enumerate(lens):
-        request = Request(f"profile-{i}", [0] * n, params, seed=i, max_len=n + 1)
-        kv.allocate(request, n)
-        scheduled.append(ScheduledRequest(request, n))
+    sched, first = SchedulerOutput(), 0
+    for i, n in enumerate(lens):  # each sequence its own consecutive blocks
+        rid, blocks = f"profile-{i}", cdiv(n, block)
+        sched.scheduled_new_reqs.append(NewRequestData(rid, [0] * n, params, i,
+                                                       list(range(first, first + blocks)), 0))
+        sched.num_scheduled_tokens[rid] = n
+        sched.new_token_ids[rid] = np.zeros(n, dtype=np.int64)
+        sched.sampling_req_ids.add(rid)
+        first += blocks
     try:
-        out = runner.execute(SchedulerOutput(scheduled), kv).get_output()
+        out = runner.execute(sched).get_output()
         sampled = [run[0] for run in out.runs]  # one token each: no speculative drafts here
     finally:
-        del runner, kv
+        del runner
     return sampled, (num_blocks + 1) * block * mc.kv_bytes_per_token(config.dtype)  # + the null block
 
 

@@ -1,8 +1,10 @@
-"""ModelRunner: turns one scheduled step into tensors, runs the model over the paged KV cache, samples.
+"""ModelRunner: turns one scheduled step (data, core/sched/output.py) into tensors, runs the model over
+the paged KV cache, samples.
 
-One step is four stages, each a method a notebook can call and inspect:
-``prepare_inputs → run_model → compute_logits → sample``; ``execute`` launches them (or one graph
-replay) and returns a LaunchedOutput (worker/async_output.py), whose ``get_output`` reads the step's
+One step is ``update_states`` (the worker's own rows from the step's data) and four stages, each a method
+a notebook can call and inspect: ``prepare_inputs → run_model → compute_logits → sample``; ``execute``
+launches them (or one graph
+replay) and returns an AsyncOutput (worker/async_output.py), whose ``get_output`` reads the step's
 tokens to the host and gives its RunnerOutput (worker/runner_output.py) — nothing is kept on the runner.
 
 Owns the KV cache tensors (one block more than the pool hands out: the null block, where padding rows,
@@ -16,18 +18,18 @@ worker/input_batch.py. It never decides what to schedule and never appends a tok
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from minirunner.attention.base import AttentionBackend
-from minirunner.engine.scheduler import ScheduledRequest, SchedulerOutput
-from minirunner.kernels._triton import HAS_TRITON
+from minirunner.core.sched.output import SchedulerOutput
+from minirunner.kernels._triton import use_triton
 from minirunner.kv.block_table import cdiv
-from minirunner.kv.manager import KVCacheManager
 from minirunner.logprobs import score_prompts
 from minirunner.model.decoder import DecoderLM
-from minirunner.worker.async_output import LaunchedOutput, PrevSampled
-from minirunner.worker.buffers import StepBuffers
-from minirunner.worker.cudagraph import DecodeGraphs, GraphKey, GraphKind
+from minirunner.worker.async_output import AsyncOutput, PrevSampled, StepTimer
+from minirunner.worker.buffers import StepBuffers, to_device
+from minirunner.worker.cudagraph import CudaGraphManager, GraphKey, GraphKind
 from minirunner.worker.input_batch import InputBatch, prepare_input_batch, prepare_next_decode
 from minirunner.worker.runner_output import RunnerOutput, StepGraphInfo
 from minirunner.worker.sampler import Sampler, graph_ready
@@ -58,18 +60,18 @@ class ModelRunner:
         self.state = RequestStateRows(2 * max_num_seqs, self.max_blocks_per_seq)
         self.buffers = StepBuffers(self.device, max_num_batched_tokens, max_num_seqs,
                                    self.max_blocks_per_seq, block_size)
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: CudaGraphManager | None = None
         self.sampler = Sampler(self.state, cfg.vocab_size, self.device)
         self.input_prep, self.state_mirror = "host", None
         self.set_input_prep(input_prep)
 
     def enable_graphs(self, mode: str, sizes: list[int], max_draft_tokens: int = 0, draft_q: bool = False,
-                      extra_query_lens: tuple[int, ...] = ()) -> DecodeGraphs:
+                      extra_query_lens: tuple[int, ...] = ()) -> CudaGraphManager:
         """Run uniform batches that fit a bucket of ``sizes`` as one compiled ("compile") or captured
         ("cuda") step; under "cuda" every key a run may replay is captured now, largest bucket first.
         ``max_draft_tokens`` > 0: uniform verify steps with up to that many drafts per request run as
         buckets too (``draft_q``: with a draft model's q; else one-hot drafts only)."""
-        self.graphs = DecodeGraphs(self.buffers, self.model, self.backend, self.kv_caches, mode, sizes,
+        self.graphs = CudaGraphManager(self.buffers, self.model, self.backend, self.kv_caches, mode, sizes,
                                    max_draft_tokens, draft_q, extra_query_lens,
                                    self.sampler.rejection_sampler)
         if mode == "cuda":
@@ -82,7 +84,7 @@ class ModelRunner:
         or None ("device" on CUDA with Triton, else "host"). Both fill identical buffers; call it
         between steps (the constructor does)."""
         if input_prep is None:
-            input_prep = "device" if self.device.type == "cuda" and HAS_TRITON else "host"
+            input_prep = "device" if use_triton(self.device) else "host"
         if input_prep not in ("device", "host"):
             raise ValueError(f"input_prep must be 'device' (GPU-native) or 'host', got {input_prep!r}")
         self.input_prep = input_prep
@@ -96,8 +98,7 @@ class ModelRunner:
         block before its first write). src, dst: block ids, equal lengths."""
         if not src:
             return
-        s = torch.tensor(src, dtype=torch.int64, device=self.device)
-        d = torch.tensor(dst, dtype=torch.int64, device=self.device)
+        s, d = to_device(np.asarray([src, dst], dtype=np.int64), self.device)  # staged, pinned
         for cache in self.kv_caches:
             cache[d] = cache[s]
 
@@ -115,35 +116,42 @@ class ModelRunner:
         stops its workers)."""
 
     # -- the four stages ------------------------------------------------------------------------
-    def prepare_inputs(self, scheduled: list[ScheduledRequest], kv: KVCacheManager,
-                       bucket: int | None = None, query_len: int = 1,
+    def update_states(self, sched: SchedulerOutput) -> None:
+        """Copy a step's data into the worker's own rows (worker/states.py): new requests, new block
+        ids. ``execute`` does it first; a caller preparing inputs itself calls it before."""
+        self.state.update(sched)
+
+    def prepare_inputs(self, sched: SchedulerOutput, bucket: int | None = None, query_len: int = 1,
                        prev: PrevSampled | None = None) -> InputBatch:
-        """Fill the step buffers from the scheduler's decisions (worker/input_batch.py); ``bucket``: pad
+        """Fill the step buffers from the scheduler's data (worker/input_batch.py); ``bucket``: pad
         a uniform batch of ``query_len`` tokens per request to this many rows for a graph step; ``prev``:
         the tokens of the step still in flight (async scheduling)."""
-        return prepare_input_batch(self.state, self.buffers, scheduled, kv, bucket, query_len,
+        return prepare_input_batch(self.state, self.buffers, sched, bucket, query_len,
                                    self.state_mirror, prev)
 
-    def prepare_next_decode(self, prev: InputBatch, tokens: torch.Tensor,
-                            scheduled: list[ScheduledRequest], kv: KVCacheManager) -> InputBatch:
+    def prepare_next_decode(self, prev: InputBatch, tokens: torch.Tensor) -> InputBatch:
         """The draft's chained pass: each request feeds the token it just sampled (``tokens``, int64
         [num_requests] on the device), see worker/input_batch.py."""
-        return prepare_next_decode(self.state, self.buffers, prev, tokens, scheduled, kv)
+        return prepare_next_decode(self.state, self.buffers, prev, tokens)
 
-    def graph_bucket(self, scheduled: list[ScheduledRequest]) -> tuple[int, int] | None:
+    def graph_bucket(self, sched: SchedulerOutput) -> tuple[int, int] | None:
         """(bucket, query_len) of the step this batch replays, or None (eager). Decode (query_len 1):
         every request samples one new token. Verify (query_len k + 1): every request scores its last
         known token and exactly k drafts, k the same for all. Either way the batch must fit a bucket,
         and its sampling need nothing the replay lacks (logit bias, min_tokens suppression, penalties,
-        min_p and prompt logprobs are applied on the host's per-request state: such steps run eager)."""
-        if self.graphs is None or not scheduled or not all(s.samples and graph_ready(s.request)
-                                                           for s in scheduled):
+        min_p and prompt logprobs are applied on the host's per-request state: such steps run eager).
+        The state rows must hold the step's requests (:meth:`update_states`)."""
+        num = sched.num_scheduled_tokens
+        if self.graphs is None or not num or len(sched.sampling_req_ids) != len(num):
             return None
-        k = len(scheduled[0].draft_token_ids)
-        if not all(s.num_new_tokens == k + 1 and len(s.draft_token_ids) == k for s in scheduled):
+        state = self.state
+        if not all(graph_ready(state.requests[state.row_of[rid]]) for rid in num):
             return None
-        size = self.graphs.bucket(len(scheduled)) if k == 0 else \
-            self.graphs.verify_bucket(len(scheduled), k)
+        spec = sched.scheduled_spec_decode_tokens
+        k = len(spec.get(next(iter(num)), ()))
+        if not all(n == k + 1 and len(spec.get(rid, ())) == k for rid, n in num.items()):
+            return None
+        size = self.graphs.bucket(len(num)) if k == 0 else self.graphs.verify_bucket(len(num), k)
         return None if size is None else (size, k + 1)
 
     def run_model(self, inputs: InputBatch) -> torch.Tensor:
@@ -165,62 +173,77 @@ class ModelRunner:
 
     def sample(self, logits: torch.Tensor, inputs: InputBatch) -> torch.Tensor:
         """One token per sampling request: int64 [num_sampling] (worker/sampler.py)."""
-        return self.sampler.sample(logits, inputs.sample_rows, inputs.sample_requests,
+        return self.sampler.sample(logits, inputs.sample_rows, inputs.sample_states,
                                    inputs.sample_positions)
 
     @torch.inference_mode()
-    def forward_logits(self, scheduled: list[ScheduledRequest], kv: KVCacheManager,
-                       after: tuple[InputBatch, torch.Tensor] | None = None):
-        """prepare_inputs -> run_model -> compute_logits with no sampling: (the fp32 logits of the rows
-        that sample, or None; the step's inputs, None for a graph step). The draft proposer samples its
-        tokens itself. A decode batch that fits a bucket replays its greedy graph step (its argmax is not
-        used). ``after``: (the inputs of the previous eager pass, the tokens it sampled) when this pass
-        feeds exactly those tokens (:meth:`prepare_next_decode`)."""
-        graph = self.graph_bucket(scheduled)
+    def forward_logits(self, sched: SchedulerOutput, after: tuple[InputBatch, torch.Tensor] | None = None):
+        """update_states -> prepare_inputs -> run_model -> compute_logits with no sampling: (the fp32
+        logits of the rows that sample, or None; the step's inputs, None for a graph step). The draft
+        proposer samples its tokens itself. A decode batch that fits a bucket replays its greedy graph
+        step (its argmax is not used). ``after``: (the inputs of the previous eager pass, the tokens it
+        sampled) when this pass feeds exactly those tokens (:meth:`prepare_next_decode`)."""
+        self.update_states(sched)
+        graph = self.graph_bucket(sched)
+        n = len(sched.num_scheduled_tokens)
         if graph is not None and graph[1] == 1:
-            self.prepare_inputs(scheduled, kv, graph[0])
-            return self._replay(graph[0], GraphKind.GREEDY, len(scheduled))[1], None
-        inputs = self.prepare_inputs(scheduled, kv) if after is None else \
-            self.prepare_next_decode(*after, scheduled, kv)
+            self.prepare_inputs(sched, graph[0])
+            return self._replay(graph[0], GraphKind.GREEDY, n)[1], None
+        inputs = self.prepare_inputs(sched) if after is None else self.prepare_next_decode(*after)
         hidden = self.run_model(inputs)
         return (self.compute_logits(hidden, inputs) if len(inputs.sample_rows) else None), inputs
 
     @torch.inference_mode()
-    def execute(self, scheduler_output: SchedulerOutput, kv: KVCacheManager,
-                draft_probs: torch.Tensor | None = None, prev: PrevSampled | None = None) -> LaunchedOutput:
-        """Launch one step: prepare inputs, run the model (or replay a bucket), sample. Returns as soon as
-        the step is queued: ``get_output()`` of the result is the step's RunnerOutput (nothing is kept
-        on the runner). draft_probs: fp32 [num_draft_tokens, vocab], the draft model's q of every draft
-        token in order, or None (no drafts, or one-hot n-gram drafts). prev: the sampled tokens of the
-        step still in flight, which this step's requests feed (async scheduling), or None."""
-        scheduled = scheduler_output.scheduled
-        graph = self.graph_bucket(scheduled)
+    def execute(self, scheduler_output: SchedulerOutput, draft_probs: torch.Tensor | None = None,
+                prev: PrevSampled | None = None) -> AsyncOutput:
+        """Launch one step: bring the rows up to date, prepare inputs, run the model (or replay a bucket),
+        sample. Returns as soon as the step is queued: ``get_output()`` of the result is the step's
+        RunnerOutput (nothing is kept on the runner). draft_probs: fp32 [num_draft_tokens, vocab], the
+        draft model's q of every draft token in order, or None (no drafts, or one-hot n-gram drafts).
+        prev: the sampled tokens of the step still in flight, which this step's requests feed (async
+        scheduling), or None."""
+        sched, timer = scheduler_output, StepTimer(self.device)
+        self.update_states(sched)
+        graph = self.graph_bucket(sched)
         bucket, query_len = graph if graph is not None else (None, 1)
-        inputs = self.prepare_inputs(scheduled, kv, bucket, query_len, prev)
-        out = RunnerOutput(req_ids=[r.request_id for r in inputs.sample_requests],
+        inputs = self.prepare_inputs(sched, bucket, query_len, prev)
+        out = RunnerOutput(req_ids=[r.req_id for r in inputs.sample_states],
                            num_drafts=inputs.num_drafts.tolist())
         if bucket is not None and query_len > 1:
             runs, out.logits, out.graph = self._replay_verify(bucket, query_len, inputs, draft_probs)
-            return LaunchedOutput(out, runs.clone())
+            return AsyncOutput(out, runs.clone(), timer=timer)
         if bucket is not None:
             tokens, out.logits, out.graph = self._replay(bucket, self.sampler.graph_kind(inputs.sample_rows),
-                                                         len(scheduled))
-            return LaunchedOutput(out, tokens.clone(), self._logprobs(out.logits, inputs))
+                                                         len(inputs.sample_rows))
+            return AsyncOutput(out, tokens.clone(), self._logprobs(out.logits, inputs), timer)
         hidden = self.run_model(inputs)
-        out.prompt_logprobs = score_prompts(self.logits_at, hidden, scheduled)
+        out.prompt_logprobs = score_prompts(self.logits_at, hidden, self._prompt_spans(sched))
         if not len(inputs.sample_rows):
-            return LaunchedOutput(out)
+            return AsyncOutput(out, timer=timer)
         out.logits = self.compute_logits(hidden, inputs)
         if len(inputs.draft_token_ids):
             runs = self.sampler.verify(out.logits, inputs.sample_rows, inputs.draft_token_ids,
                                        inputs.num_drafts, inputs.sample_positions, draft_probs)
-            return LaunchedOutput(out, runs)
+            return AsyncOutput(out, runs, timer=timer)
         tokens = self.sample(out.logits, inputs)
-        return LaunchedOutput(out, tokens, self._logprobs(out.logits, inputs))
+        return AsyncOutput(out, tokens, self._logprobs(out.logits, inputs), timer)
+
+    def _prompt_spans(self, sched: SchedulerOutput) -> list[tuple]:
+        """(request id, prompt ids, k, first position to score, start, query tokens) of each scheduled
+        request in batch order: what prompt logprobs read (minirunner/logprobs.py)."""
+        state = self.state
+        if not state.num_prompt_logprobs:  # the common case: no live request asks
+            return []
+        computed, spans = sched.num_computed_tokens(), []
+        for rid, n in sched.num_scheduled_tokens.items():
+            r = state.requests[state.row_of[rid]]
+            spans.append((rid, r.prompt_token_ids, r.params.prompt_logprobs, r.prompt_logprobs_from,
+                          computed[rid], n))
+        return spans
 
     def _logprobs(self, logits: torch.Tensor, inputs: InputBatch):
         """The sampled tokens' logprobs, computed when the step is read; None when no request asks."""
-        requests = inputs.sample_requests
+        requests = inputs.sample_states
         if all(r.params.logprobs is None for r in requests):
             return None
         return lambda tokens: self.sampler.logprobs(logits, tokens, requests)
@@ -238,7 +261,7 @@ class ModelRunner:
         the target over every row's k + 1 tokens and the rejection sampler, and the emitted runs come
         back in the step's one device-to-host copy (as a decode step's tokens do). Returns (runs on the
         device, logits, how the step ran)."""
-        n = len(inputs.sample_requests)
+        n = len(inputs.sample_states)
         if draft_probs is not None:
             self.graphs.write_draft_probs(draft_probs)
         kind = GraphKind.VERIFY if draft_probs is not None else GraphKind.VERIFY_ONEHOT

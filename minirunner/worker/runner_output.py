@@ -32,7 +32,8 @@ class RunnerOutput:
     runs: the tokens each emits (one, or the accepted run of a speculative request); logits: fp32
     [rows, vocab], raw (before penalties, bias and temperature), ``1 + drafts`` rows per request, or None
     when nothing sampled; logprobs: the sampled tokens' scores (None unless a request asked);
-    prompt_logprobs: request id -> (first scored prompt position, scores); graph: how the step ran.
+    prompt_logprobs: request id -> (first scored prompt position, scores); graph: how the step ran;
+    device_s: seconds the step took on the device (None for a step that was not timed).
     """
 
     req_ids: list[str] = field(default_factory=list)
@@ -42,6 +43,7 @@ class RunnerOutput:
     logprobs: TokenLogprobs | None = None
     prompt_logprobs: dict[str, tuple[int, TokenLogprobs]] = field(default_factory=dict)
     graph: StepGraphInfo = field(default_factory=StepGraphInfo)
+    device_s: float | None = None  # the step's device time, set when its output is read
 
     def first_logits(self) -> dict[str, torch.Tensor]:
         """request id -> the logits row of the first token it sampled this step (tests and notebooks

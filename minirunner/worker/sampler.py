@@ -13,28 +13,28 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from minirunner.engine.request import Request
-from minirunner.kernels._triton import HAS_TRITON
+from minirunner.kernels._triton import use_triton
 from minirunner.kernels.sampling import sample, sample_ref
 from minirunner.logprobs import TokenLogprobs, score_tokens
 from minirunner.spec_decode.rejection_sampler import RejectionSampler
+from minirunner.worker.buffers import to_device
 from minirunner.worker.cudagraph import GraphKind
 from minirunner.worker.logits_processing import (
     LogitsProcessors,
     apply_logits_processors,
     needs_logits_processing,
 )
-from minirunner.worker.states import RequestStateRows
+from minirunner.worker.states import CachedRequestState, RequestStateRows
 
 
 class Sampler:
     def __init__(self, state: RequestStateRows, vocab_size: int, device: torch.device):
         self.state, self.vocab_size = state, vocab_size
         self.logits_processors = LogitsProcessors(vocab_size, device)
-        self._kernel = sample if device.type == "cuda" and HAS_TRITON else sample_ref
+        self._kernel = sample if use_triton(device) else sample_ref
         self.rejection_sampler = RejectionSampler(device)
 
-    def sample(self, logits: torch.Tensor, rows: np.ndarray, requests: list[Request],
+    def sample(self, logits: torch.Tensor, rows: np.ndarray, requests: list[CachedRequestState],
                positions: torch.Tensor) -> torch.Tensor:
         """One token per sampling request: int64 [num_sampling]. logits: fp32 [num_sampling, vocab];
         rows: their state rows; positions: int64 [num_sampling], each token's position (the seeded
@@ -49,10 +49,9 @@ class Sampler:
         else:
             top_k, top_p = state.top_k[rows], state.top_p[rows]
             filters = bool(((top_k > 0) & (top_k < logits.shape[-1])).any() or (top_p < 1).any())
-            dev = logits.device
-            tokens = self._kernel(logits, torch.from_numpy(temps).to(dev), torch.from_numpy(top_k).to(dev),
-                                  torch.from_numpy(top_p).to(dev), torch.from_numpy(state.seed[rows]).to(dev),
-                                  positions, apply_filters=filters)
+            dev = logits.device  # staged, pinned copies: the host never waits for the device here
+            tokens = self._kernel(logits, to_device(temps, dev), to_device(top_k, dev), to_device(top_p, dev),
+                                  to_device(state.seed[rows], dev), positions, apply_filters=filters)
         self.logits_processors.record(tokens)
         return tokens
 
@@ -70,7 +69,7 @@ class Sampler:
         temps = state.temperature[rows]
 
         def put(arr: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(arr).to(dev)
+            return to_device(arr, dev)
 
         return self.rejection_sampler(put(draft_token_ids), put(np.cumsum(num_drafts)), draft_probs, logits,
                                       put(temps), put(state.top_k[rows]), put(state.top_p[rows]),
@@ -87,14 +86,15 @@ class Sampler:
         return GraphKind.SAMPLE
 
     @staticmethod
-    def logprobs(logits: torch.Tensor, tokens: torch.Tensor, requests: list[Request]) -> TokenLogprobs | None:
+    def logprobs(logits: torch.Tensor, tokens: torch.Tensor,
+                 requests: list[CachedRequestState]) -> TokenLogprobs | None:
         """The sampled tokens' logprobs (raw logits), with as many alternatives as any request asks for;
         None when none asks."""
         k = max((r.params.logprobs for r in requests if r.params.logprobs is not None), default=None)
         return None if k is None else score_tokens(logits, tokens, k)
 
 
-def graph_ready(request: Request) -> bool:
+def graph_ready(request: CachedRequestState) -> bool:
     """Whether a request's next token can be sampled inside a graph step (temperature, top-k, top-p and
     the seed are static buffers there; the logits processors' per-request state is not)."""
     return not (needs_logits_processing(request) or request.params.prompt_logprobs is not None)

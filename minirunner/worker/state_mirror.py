@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from minirunner.kernels._triton import HAS_TRITON
+from minirunner.kernels._triton import use_triton
 from minirunner.kernels.input_prep import prepare_inputs, prepare_inputs_ref
 from minirunner.worker.buffers import to_device
 from minirunner.worker.states import RequestStateRows
@@ -32,8 +32,8 @@ class StateMirror:
         state.record_writes()
         self.block_tables = self._upload(state.block_tables)
         self.num_computed = torch.zeros(state.block_tables.shape[0], dtype=torch.int32, device=device)
-        use_triton = device.type == "cuda" and HAS_TRITON if triton is None else triton
-        self.kernel = prepare_inputs if use_triton else prepare_inputs_ref
+        triton = use_triton(device) if triton is None else triton
+        self.kernel = prepare_inputs if triton else prepare_inputs_ref
 
     def _upload(self, tables: np.ndarray) -> torch.Tensor:
         if tables.size > _INT32_MAX:

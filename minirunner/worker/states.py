@@ -1,86 +1,131 @@
-"""Persistent per-request rows of the model runner (MRv2's request state): each running request's
-block-table row and sampling parameters, kept across steps so a step writes only what changed.
+"""The worker's own per-request state (MRv2's request state): one row per running request, filled
+from the scheduler's data (core/sched/output.py), kept across steps so a step writes only what changed.
 
-Owns row assignment (a free list that doubles when full) and is the only writer of block-table rows:
-appending new block ids to a row, and rewriting
-a row when its block table was replaced (preemption) or edited (copy-on-write, rolled-back drafts); and,
-for the GPU-native input path, the record of which block-table cells changed since it was last drained
-(worker/state_mirror.py copies just those to the device). Never allocates KV blocks and never touches
-device tensors.
+Owns row assignment (a free list that doubles when full), each row's block-table row (the only writer:
+new ids appended, or the row rewritten when the scheduler says its table was replaced or edited), its
+sampling parameters and seed, and its token ids (prompt and outputs known, then each step's query tokens
+and drafts at their positions). For the GPU-native input path it records which block-table cells
+changed since it was last drained (worker/state_mirror.py copies just those to the device). It never
+allocates KV blocks, never reads an engine object and never touches device tensors.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from minirunner.engine.request import Request
-from minirunner.kv.block_table import BlockTable
+from minirunner.core.sched.output import NewRequestData, SchedulerOutput
+from minirunner.sampling_params import SamplingParams
 
 _SEED_MASK = (1 << 63) - 1
 
 
-class RequestStateRows:
-    """Persistent per-request rows (MRv2's request state): the block-table row and sampling parameters.
+@dataclass(slots=True, eq=False)
+class CachedRequestState:
+    """One request as the worker knows it (vLLM's ``CachedRequestState``): ``token_ids`` int64, valid
+    up to ``num_tokens`` (the prompt, then outputs); the logits processors and logprobs read it."""
 
-    A request keeps its row while it runs; the row's block ids are appended as its table grows, and
-    rewritten only when the table was replaced (after a preemption).
-    """
+    req_id: str
+    params: SamplingParams
+    seed: int
+    eos_token_ids: frozenset[int]
+    num_prompt_tokens: int
+    token_ids: np.ndarray
+    num_tokens: int
+    prompt_logprobs_from: int | None = None
+
+    @property
+    def prompt_token_ids(self) -> np.ndarray:
+        return self.token_ids[:self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> np.ndarray:
+        return self.token_ids[self.num_prompt_tokens:self.num_tokens]
+
+    def write_tokens(self, start: int, known: np.ndarray, drafts: list[int]) -> None:
+        """A step's query: its known tokens from position ``start`` (then ``num_tokens`` ends there),
+        and its drafts after them (kept past ``num_tokens``: the accepted ones stay valid)."""
+        end = start + len(known) + len(drafts)
+        if end > len(self.token_ids):
+            grown = np.zeros(max(end, 2 * len(self.token_ids)), dtype=np.int64)
+            grown[:len(self.token_ids)] = self.token_ids  # drafts past num_tokens included
+            self.token_ids = grown
+        self.token_ids[start:start + len(known)] = known
+        self.token_ids[start + len(known):end] = drafts
+        self.num_tokens = start + len(known)
+
+
+class RequestStateRows:
+    """Persistent per-request rows: block-table rows, sampling parameters and ``requests`` (the
+    CachedRequestState of each row, None when free). A request keeps its row while it runs."""
 
     def __init__(self, capacity: int, max_blocks: int):
         self.block_tables = np.zeros((capacity, max_blocks), dtype=np.int32)
         self.num_written = np.zeros(capacity, dtype=np.int64)
-        self.version = np.zeros(capacity, dtype=np.int64)
         self.temperature = np.zeros(capacity, dtype=np.float32)
         self.top_k = np.zeros(capacity, dtype=np.int64)
         self.top_p = np.ones(capacity, dtype=np.float32)
         self.seed = np.zeros(capacity, dtype=np.int64)
-        self.table_of: list[BlockTable | None] = [None] * capacity
+        self.requests: list[CachedRequestState | None] = [None] * capacity
         self.row_of: dict[str, int] = {}
+        self.num_prompt_logprobs = 0  # rows whose request asks for prompt logprobs
         self.free = list(range(capacity - 1, -1, -1))
         # row -> [first, end) of the block-table columns written since the last drain_writes (None: not
         # recorded)
         self._written: dict[int, tuple[int, int]] | None = None
 
     def _grow(self) -> None:
-        cap = len(self.table_of)
-        for name in ("block_tables", "num_written", "version", "temperature", "top_k", "top_p", "seed"):
+        cap = len(self.requests)
+        for name in ("block_tables", "num_written", "temperature", "top_k", "top_p", "seed"):
             old = getattr(self, name)
             new = np.zeros((2 * cap, *old.shape[1:]), dtype=old.dtype)
             new[:cap] = old
             setattr(self, name, new)
-        self.table_of += [None] * cap
+        self.requests += [None] * cap
         self.free = list(range(2 * cap - 1, cap - 1, -1)) + self.free
 
-    def sync(self, request: Request, table: BlockTable) -> int:
-        """The request's row, with its block ids up to date (only new ids are written)."""
-        row = self.row_of.get(request.request_id)
-        if row is None:
-            if not self.free:
-                self._grow()
-            row = self.free.pop()
-            self.row_of[request.request_id] = row
-            p = request.params
-            self.temperature[row] = p.temperature
-            self.top_k[row] = p.top_k
-            self.top_p[row] = p.top_p
-            self.seed[row] = request.seed & _SEED_MASK
-            self.table_of[row] = None
-        if self.table_of[row] is not table or self.version[row] != table.version:
-            # new, re-allocated after a preemption, or entries replaced (copy-on-write) or dropped
-            # (rolled-back drafts): rewrite
-            self.table_of[row], self.num_written[row], self.version[row] = table, 0, table.version
-        done, blocks = self.num_written[row], table.blocks
-        if len(blocks) > done:
-            self.block_tables[row, done:len(blocks)] = blocks[done:]
-            self.num_written[row] = len(blocks)
-            if self._written is not None:
-                first, end = self._written.get(row, (done, len(blocks)))
-                self._written[row] = (min(first, done), max(end, len(blocks)))
+    def add(self, new: NewRequestData) -> int:
+        """A row for a request the worker has not seen (or forgot): its parameters, tokens and blocks."""
+        self.release(new.req_id)
+        if not self.free:
+            self._grow()
+        row = self.free.pop()
+        self.row_of[new.req_id] = row
+        p = new.sampling_params
+        self.temperature[row], self.top_k[row], self.top_p[row] = p.temperature, p.top_k, p.top_p
+        self.seed[row] = new.seed & _SEED_MASK
+        tokens = np.asarray(list(new.prompt_token_ids) + list(new.output_token_ids), dtype=np.int64)
+        self.requests[row] = CachedRequestState(
+            new.req_id, p, new.seed, new.eos_token_ids, len(new.prompt_token_ids), tokens, len(tokens),
+            new.prompt_logprobs_from)
+        self.num_prompt_logprobs += new.prompt_logprobs_from is not None
+        self.write_blocks(row, new.block_ids, replace=True)
         return row
+
+    def update(self, sched: SchedulerOutput) -> None:
+        """Bring the rows up to date with a step's data: rows for its new requests, and the new block
+        ids of its running ones."""
+        for new in sched.scheduled_new_reqs:
+            self.add(new)
+        cached = sched.scheduled_cached_reqs
+        for rid, ids, replace in zip(cached.req_ids, cached.new_block_ids, cached.replace_block_ids,
+                                     strict=True):
+            self.write_blocks(self.row_of[rid], ids, replace)
+
+    def write_blocks(self, row: int, block_ids: list[int], replace: bool = False) -> None:
+        """Append ``block_ids`` to the row's table, or (``replace``) make them the whole table."""
+        done = 0 if replace else int(self.num_written[row])
+        end = done + len(block_ids)
+        self.block_tables[row, done:end] = block_ids
+        self.num_written[row] = end
+        if self._written is not None and end > done:
+            first, last = self._written.get(row, (done, end))
+            self._written[row] = (min(first, done), max(last, end))
 
     # -- the record of changed cells, for the device mirror (worker/state_mirror.py) ----------------
     def record_writes(self, on: bool = True) -> None:
-        """From now on, remember (``on``) or not which block-table cells ``sync`` writes (each until
+        """From now on, remember (``on``) or not which block-table cells are written (each until
         ``drain_writes``)."""
         self._written = {} if on else None
 
@@ -101,5 +146,6 @@ class RequestStateRows:
     def release(self, request_id: str) -> None:
         row = self.row_of.pop(request_id, None)
         if row is not None:
-            self.table_of[row] = None
+            self.num_prompt_logprobs -= self.requests[row].prompt_logprobs_from is not None
+            self.requests[row] = None
             self.free.append(row)
