@@ -61,8 +61,14 @@ def lab(tmp_path_factory):
     work = tmp_path_factory.mktemp("course")
     shutil.copytree(ROOT / "notebooks", work / "notebooks")  # never rewrite the committed notebooks
     port, token = _free_port(), "minirunner-browser-test"
+    # Every cell in the DOM (JupyterLab renders only the cells near the view by default), so the text
+    # checked below is the whole notebook's, wherever Run All leaves the view.
+    tracker = work / "settings" / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+    tracker.parent.mkdir(parents=True)
+    tracker.write_text('{"windowingMode": "none"}', encoding="utf-8")
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(work / "runtime"),
-           "JUPYTER_CONFIG_DIR": str(work / "config"), "PYTHONPATH": str(ROOT)}
+           "JUPYTER_CONFIG_DIR": str(work / "config"), "JUPYTERLAB_SETTINGS_DIR": str(work / "settings"),
+           "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.open_browser=False",
            "--LabApp.expose_app_in_browser=True",
            "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}",
