@@ -127,8 +127,7 @@ class LLMEngine:
         return request_id
 
     def abort_request(self, request_id: str) -> None:
-        """Abort a request (every completion of a group id, or one completion by its own id): only
-        its blocks are freed; full blocks it computed stay in the prefix cache."""
+        """Abort a group (every completion) or one completion, by id: only its blocks are freed."""
         group = self.groups.get(request_id)
         targets = group if group is not None else [self.requests.get(request_id)]
         for request in targets:
