@@ -294,7 +294,7 @@ def runner_choose_k(history, call, k_max, warmup_steps, probe_every):
     for s in history:
         stats.record(s["k"], s["accepted"])
         dyn.observe(s["propose_s"], s["k"], s["verify_s"])
-    dyn.num_calls = call - 1
+    dyn.num_decisions = call - 1
     return dyn.choose(stats)
 
 
