@@ -201,7 +201,8 @@ def test_eager_sampled_mixed_and_speculative_steps_do_not_sync(model_dir, backen
             _checked(llm.engine.runner)
         engine, prompts = llm.engine, _prompts(6, seed=7)
         sampled = SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=20, ignore_eos=True)
-        penalised = SamplingParams(temperature=0.7, seed=5, repetition_penalty=1.2, max_tokens=20,
+        # a penalised request's steps run without drafts: it finishes early, so the others then speculate
+        penalised = SamplingParams(temperature=0.7, seed=5, repetition_penalty=1.2, max_tokens=6,
                                    ignore_eos=True)
         greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
         ids = [engine.add_request(prompts[0] * 3, greedy), engine.add_request(prompts[1], sampled)]

@@ -109,12 +109,13 @@ def test_no_result_travels_through_an_attribute(name):
     assert not hits, hits
 
 
-def test_the_prepared_gpu_run_fits_in_five_minutes():
+def test_the_prepared_gpu_run_fits_in_six_minutes():
     # The GPU branch of scripts/gpu_check.sh (after the dry-run branch's `else`) and the environment
-    # probe: their `timeout` limits add up to at most 300 s.
+    # probe: their `timeout` limits add up to at most 360 s, so a run, a rerun and their machine starts
+    # (about 35 s each on an H200) fit in the 15 minutes of device time a task is lent.
     text = (ROOT / "scripts" / "gpu_check.sh").read_text()
     gpu_branch = text.split("\nelse\n", 1)[1].split("\nfi\n", 1)[0]
     limits = [int(m) for m in re.findall(r"\btimeout (\d+)", gpu_branch)]
     probe = [int(m) for m in re.findall(r'^timeout (\d+) "\$PY" - "\$REPORT_DIR/env.json"', text, re.M)]
     assert len(limits) == 7 and len(probe) == 1
-    assert sum(limits) + probe[0] <= 300, (limits, probe)
+    assert sum(limits) + probe[0] <= 360, (limits, probe)

@@ -29,6 +29,7 @@ from minirunner.attention.torch_ops import (
     slot_rows,
     store_kv_padded,
 )
+from minirunner.core.host_copy import to_device
 from minirunner.kv.block_table import cdiv
 
 
@@ -175,11 +176,11 @@ class TorchAttentionBackend(AttentionBackend):
         rows), its inverse."""
         dev = meta.seq_lens.device
         order = np.concatenate(token_rows)
-        self._decode_rows = torch.from_numpy(order).to(dev)
+        self._decode_rows = to_device(order, dev)
         self._decode_bounds = np.cumsum([0] + [len(t) for t in token_rows]).tolist()
         self._decode_inverse = None
         if inverse:
-            self._decode_inverse = torch.from_numpy(np.argsort(order, kind="stable")).to(dev)
+            self._decode_inverse = to_device(np.argsort(order, kind="stable"), dev)
 
     def _group_rows(self, meta: AttentionMetadata, idx: np.ndarray | None, nb: int) -> torch.Tensor:
         """:func:`gather_rows` of the first ``nb`` block-table columns of a group's sequences (``idx``;
@@ -188,7 +189,7 @@ class TorchAttentionBackend(AttentionBackend):
         dev, bs = meta.seq_lens.device, self.block_size
         if dev.type != "cpu" or meta.block_tables_cpu is None:
             tables = meta.block_tables[:, :nb] if idx is None else \
-                meta.block_tables[torch.from_numpy(idx).to(dev), :nb]
+                meta.block_tables[to_device(idx, dev), :nb]
             return gather_rows(tables, bs)
         tables = meta.block_tables_cpu.numpy()
         tables = tables[:, :nb] if idx is None else tables[idx, :nb]
@@ -206,12 +207,12 @@ class TorchAttentionBackend(AttentionBackend):
             key_mask = torch.from_numpy((np.arange(nb * self.block_size)[None, :]
                                          < np.maximum(seq_lens, 1)[:, None])[:, None, None, :])
         else:
-            lens = meta.seq_lens if idx is None else meta.seq_lens[torch.from_numpy(idx).to(dev)]
+            lens = meta.seq_lens if idx is None else meta.seq_lens[to_device(idx, dev)]
             key_mask = (torch.arange(nb * self.block_size, device=dev)[None, :]
                         < lens.clamp(min=1)[:, None])[:, None, None, :]
         row_valid = None
         if (seq_lens == 0).any():
-            row_valid = torch.from_numpy((seq_lens > 0)[:, None, None]).to(dev, self.dtype)
+            row_valid = to_device((seq_lens > 0)[:, None, None], dev, self.dtype)
         return _DecodeGroup(self._group_rows(meta, idx, nb), key_mask, row_valid)
 
     def _plan_prefill(self, meta: AttentionMetadata, idx: np.ndarray, qsl: np.ndarray,
@@ -224,7 +225,7 @@ class TorchAttentionBackend(AttentionBackend):
             local = np.arange(int(qlens.sum())) - np.repeat(np.cumsum(qlens) - qlens, qlens)
             token_rows = np.repeat(starts, qlens) + local
             padded_rows = np.repeat(np.arange(n), qlens) * max_q + local
-            rows = (torch.from_numpy(token_rows).to(dev), torch.from_numpy(padded_rows).to(dev))
+            rows = (to_device(token_rows, dev), to_device(padded_rows, dev))
         nb = self._columns(lens.max())
         q_pos = (lens - qlens)[:, None] + np.arange(max_q)[None, :]  # [n, max_q]
         key_pos = np.arange(nb * self.block_size)
@@ -232,7 +233,7 @@ class TorchAttentionBackend(AttentionBackend):
         group = self.num_q_heads // self.num_kv_heads
         mask = np.repeat(allowed, group, axis=1)[:, None]  # row i * G + g
         return _PrefillGroup(*rows, n, max_q, self._group_rows(meta, idx, nb),
-                             torch.from_numpy(mask).to(dev))
+                             to_device(mask, dev))
 
     # -- per layer --------------------------------------------------------------------------------
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,

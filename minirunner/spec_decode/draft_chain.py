@@ -29,13 +29,13 @@ import time
 import numpy as np
 import torch
 
+from minirunner.core.host_copy import to_device
 from minirunner.engine.in_flight import InFlightStep
 from minirunner.engine.request import Request
 from minirunner.engine.scheduler import ScheduledRequest, ScheduledStep
 from minirunner.spec_decode.async_utils import ChainState, sync_check
 from minirunner.spec_decode.draft_model import draft_sampling_params, draw_drafts
 from minirunner.worker.async_output import AsyncOutput
-from minirunner.worker.buffers import to_device
 from minirunner.worker.cudagraph import GraphKey, GraphKind
 from minirunner.worker.input_batch import graph_rows
 from minirunner.worker.logits_processing import needs_logits_processing
@@ -188,7 +188,8 @@ class DraftChain:
                 qs.append(q)
             else:
                 token = best
-            tokens.append(token)
+            # a copy: ``best`` lives in the graph's output memory, which the next pass's replay may reuse
+            tokens.append(token.clone())
             step_ids, positions = token[:, None], (start + j + 1)[:, None]
         propose_s = time.perf_counter() - t0
         t1 = time.perf_counter()

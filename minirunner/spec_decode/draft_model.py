@@ -21,6 +21,7 @@ import torch
 
 from minirunner.attention import make_backend
 from minirunner.config import EngineConfig, ModelConfig
+from minirunner.core.host_copy import to_device
 from minirunner.engine.request import Request
 from minirunner.engine.scheduler import ScheduledRequest
 from minirunner.engine.sequence import RunnableSequence
@@ -32,7 +33,6 @@ from minirunner.kv.manager import KVCacheManager
 from minirunner.model.loader import load_model
 from minirunner.sampling_params import SamplingParams
 from minirunner.spec_decode.proposer import Proposer
-from minirunner.worker.buffers import to_device
 from minirunner.worker.model_runner import ModelRunner
 
 _SEED_MASK = (1 << 63) - 1

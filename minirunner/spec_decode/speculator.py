@@ -15,6 +15,7 @@ import time
 import numpy as np
 import torch
 
+from minirunner.core.host_copy import to_device
 from minirunner.engine.request import Request
 from minirunner.engine.scheduler import ScheduledRequest
 from minirunner.kernels.rejection_sampling import one_hot_probs
@@ -23,7 +24,6 @@ from minirunner.spec_decode.draft_model import DraftModelProposer
 from minirunner.spec_decode.dynamic import AcceptanceDrivenK
 from minirunner.spec_decode.metrics import SpecStats
 from minirunner.spec_decode.ngram import NgramProposer
-from minirunner.worker.buffers import to_device
 from minirunner.worker.logits_processing import needs_logits_processing
 
 

@@ -18,21 +18,8 @@ import numpy as np
 import torch
 
 from minirunner.attention import AttentionMetadata
+from minirunner.core.host_copy import pinned, to_device
 from minirunner.kv.block_table import slot_of
-
-
-def pinned(arr: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array as a tensor a non-blocking copy to ``device`` may read: fresh pinned memory on CUDA
-    (torch's pinned allocator reuses a block only once the copies reading it are done, so a copy still
-    in flight never sees it change), the array itself on a CPU."""
-    t = torch.from_numpy(np.ascontiguousarray(arr))
-    return t.pin_memory() if device.type == "cuda" else t
-
-
-def to_device(arr: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array on ``device``, copied without blocking the host (:func:`pinned`); on a CPU the array
-    itself, no copy."""
-    return pinned(arr, device).to(device, non_blocking=True)
 
 
 class StepBuffers:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from minirunner.worker.buffers import to_device
+from minirunner.core.host_copy import to_device
 
 _NEG_INF = float("-inf")
 
@@ -101,10 +101,12 @@ class PenaltyState:
         r = self._free.pop()
         self.rows[rid] = r
         dev = self.device
+        # index_fill_ / index_add_, not a scalar setitem or bincount: on CUDA those wait for the device
         self.prompt_mask[r].zero_()
-        self.prompt_mask[r, _put(request.prompt_token_ids, np.int64, dev)] = True
+        self.prompt_mask[r].index_fill_(0, _put(request.prompt_token_ids, np.int64, dev), True)
         out = _put(request.output_token_ids, np.int64, dev)
-        self.counts[r] = torch.bincount(out, minlength=self.vocab_size).to(torch.int32)
+        self.counts[r].zero_()
+        self.counts[r].index_add_(0, out, torch.ones(out.shape, dtype=torch.int32, device=dev))
         return r
 
     def record(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:

@@ -22,13 +22,14 @@ import numpy as np
 import torch
 
 from minirunner.attention.base import AttentionBackend
+from minirunner.core.host_copy import to_device
 from minirunner.core.sched.output import SchedulerOutput
 from minirunner.kernels._triton import use_triton
 from minirunner.kv.block_table import cdiv
 from minirunner.logprobs import score_prompts
 from minirunner.model.decoder import DecoderLM
 from minirunner.worker.async_output import AsyncOutput, PrevSampled, StepTimer
-from minirunner.worker.buffers import StepBuffers, to_device
+from minirunner.worker.buffers import StepBuffers
 from minirunner.worker.cudagraph import CudaGraphManager, GraphKey, GraphKind
 from minirunner.worker.input_batch import InputBatch, prepare_input_batch, prepare_next_decode
 from minirunner.worker.runner_output import RunnerOutput, StepGraphInfo

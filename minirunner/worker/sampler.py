@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from minirunner.core.host_copy import to_device
 from minirunner.kernels._triton import use_triton
 from minirunner.kernels.sampling import sample, sample_ref
 from minirunner.logprobs import TokenLogprobs, score_tokens
 from minirunner.spec_decode.rejection_sampler import RejectionSampler
-from minirunner.worker.buffers import to_device
 from minirunner.worker.cudagraph import GraphKind
 from minirunner.worker.logits_processing import (
     LogitsProcessors,

@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from minirunner.core.host_copy import to_device
 from minirunner.kernels._triton import use_triton
 from minirunner.kernels.input_prep import prepare_inputs, prepare_inputs_ref
-from minirunner.worker.buffers import to_device
 from minirunner.worker.states import RequestStateRows
 
 _INT32_MAX = (1 << 31) - 1
