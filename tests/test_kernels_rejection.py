@@ -78,6 +78,23 @@ def test_uniform_k_path_gives_the_general_paths_runs(k, one_hot):
     assert len(set((want >= 0).sum(1).tolist())) > 1  # some rows accept more than others
 
 
+
+@pytest.mark.parametrize("greedy", [False, True], ids=["mixed", "all_greedy"])
+def test_max_k_from_the_host_gives_the_runs_read_from_the_device(greedy):
+    """An eager verify step passes its most drafts per request from the host (``max_k``: on CUDA nothing
+    is read back); the runs are those the general path sizes by reading ``cu_num_draft_tokens``."""
+    k = [0, 3, 1, 5, 2]
+    temps = [0] * 5 if greedy else [0, 1, .7, 1.3, 0]
+    args = _batch(k, 61, seed=4, temps=temps)
+    want = rejection_sample_ref(**args)
+    assert want.shape == (5, 6)
+    assert torch.equal(rejection_sample_ref(**args, max_k=5), want)
+    if greedy:
+        greedy_args = {n: args[n] for n in ("draft_token_ids", "cu_num_draft_tokens", "target_logits")}
+        assert torch.equal(rs.greedy_rejection_sample(**greedy_args, max_k=5), want)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        assert torch.equal(rejection_sample(**args, max_k=5), want)
+
 def test_no_drafts_is_plain_sampling():
     """With k = 0 every request emits exactly the token plain sampling draws at that position."""
     args = _batch([0] * 12, 200, seed=3, temps=[0, 1, .7, 1.3] * 3, top_k=[-1, 5, -1, 20] * 3,

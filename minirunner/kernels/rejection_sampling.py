@@ -133,18 +133,23 @@ def rejection_sample(
     seeds: torch.Tensor,
     positions: torch.Tensor,
     uniform_k: int | None = None,
+    max_k: int | None = None,
 ) -> torch.Tensor:
     """Triton version of :func:`rejection_sample_ref`: same arguments, shapes, dtypes and tokens.
 
     Temperature and top-k / top-p masking (a sort) run first in torch (:func:`scaled_logits`, shared
     with the twin); the kernel does the per-request accept/reject walk in one program. Without
-    ``uniform_k`` it reads ``cu_num_draft_tokens`` on the host once to size the output; with it (the
-    uniform verify step of a CUDA graph) nothing is read back and the launch captures.
+    ``uniform_k`` or ``max_k`` it reads ``cu_num_draft_tokens`` on the host once to size the output; with
+    ``uniform_k`` (the uniform verify step of a CUDA graph) nothing is read back and the launch captures,
+    with ``max_k`` (an eager step whose caller knows it) nothing is read back.
     """
     batch = cu_num_draft_tokens.shape[0]
     cu = cu_num_draft_tokens.long()
     k = cu - torch.cat([cu.new_zeros(1), cu[:-1]])
-    max_k = uniform_k if uniform_k is not None else (int(k.max()) if batch else 0)
+    if uniform_k is not None:
+        max_k = uniform_k
+    elif max_k is None:
+        max_k = int(k.max()) if batch else 0
     out = torch.full((batch, max_k + 1), -1, dtype=torch.long, device=target_logits.device)
     if batch == 0:
         return out

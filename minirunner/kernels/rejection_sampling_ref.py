@@ -93,6 +93,7 @@ def rejection_sample_ref(
     seeds: torch.Tensor,
     positions: torch.Tensor,
     uniform_k: int | None = None,
+    max_k: int | None = None,
 ) -> torch.Tensor:
     """The emitted tokens of each request, int64 [batch, max_k + 1], -1 after the run ends.
 
@@ -108,7 +109,9 @@ def rejection_sample_ref(
     norm(max(0, p - q)); when all k_i pass, a bonus token drawn from p at the last row.
 
     ``uniform_k``: every request has exactly that many drafts (the uniform verify step): nothing is
-    read back to the host and every shape is static, so the call compiles and captures.
+    read back to the host and every shape is static, so the call compiles and captures. ``max_k``: the
+    most drafts of any request, when the caller knows it on the host (an eager step: nothing is read
+    back either); None: read from ``cu_num_draft_tokens``.
     """
     batch = cu_num_draft_tokens.shape[0]
     D = draft_token_ids.shape[0]
@@ -150,7 +153,7 @@ def rejection_sample_ref(
 
     if uniform_k is not None:
         return _uniform_runs(draft_token_ids, accepted, recovered, plain[bonus_row], uniform_k)
-    return _ragged_runs(draft_token_ids, accepted, recovered, plain[bonus_row], req, j, k)
+    return _ragged_runs(draft_token_ids, accepted, recovered, plain[bonus_row], req, j, k, max_k)
 
 
 def greedy_rejection_sample(
@@ -158,6 +161,7 @@ def greedy_rejection_sample(
     cu_num_draft_tokens: torch.Tensor,
     target_logits: torch.Tensor,
     uniform_k: int | None = None,
+    max_k: int | None = None,
 ) -> torch.Tensor:
     """What :func:`rejection_sample_ref` and :func:`rejection_sample` return when every temperature is 0,
     from one argmax over the rows (no noise, no softmax, no filters): accept while the draft is the
@@ -173,16 +177,19 @@ def greedy_rejection_sample(
     accepted = draft_token_ids == recovered
     if uniform_k is not None:
         return _uniform_runs(draft_token_ids, accepted, recovered, bonus, uniform_k)
-    return _ragged_runs(draft_token_ids, accepted, recovered, bonus, req, j, k)
+    return _ragged_runs(draft_token_ids, accepted, recovered, bonus, req, j, k, max_k)
 
 
 def _ragged_runs(draft_token_ids: torch.Tensor, accepted: torch.Tensor, recovered: torch.Tensor,
-                 bonus: torch.Tensor, req: torch.Tensor, j: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+                 bonus: torch.Tensor, req: torch.Tensor, j: torch.Tensor, k: torch.Tensor,
+                 max_k: int | None = None) -> torch.Tensor:
     """The emitted runs [batch, max_k + 1], -1 after each ends, from each draft's verdict (``accepted``,
     bool [D]; ``recovered``, the token emitted if it is the first rejection, int64 [D]) and each
-    request's ``bonus`` token (emitted after all its k drafts pass); req, j, k: ``_request_index``."""
+    request's ``bonus`` token (emitted after all its k drafts pass); req, j, k: ``_request_index``;
+    ``max_k``: k's largest value when the host knows it (else read back: a sync on CUDA)."""
     batch, dev = bonus.shape[0], bonus.device
-    max_k = int(k.max()) if batch else 0
+    if max_k is None:
+        max_k = int(k.max()) if batch else 0
     out = torch.full((batch, max_k + 1), -1, dtype=torch.long, device=dev)
     acc = torch.zeros(batch, max_k + 1, dtype=torch.bool, device=dev)  # a False sentinel after k_i
     acc[req, j] = accepted

@@ -33,7 +33,8 @@ class RejectionSampler:
     def __call__(self, draft_token_ids: torch.Tensor, cu_num_draft_tokens: torch.Tensor,
                  draft_probs: torch.Tensor | None, target_logits: torch.Tensor, temperatures: torch.Tensor,
                  top_k: torch.Tensor, top_p: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
-                 uniform_k: int | None = None, all_greedy: bool = False) -> torch.Tensor:
+                 uniform_k: int | None = None, all_greedy: bool = False,
+                 max_k: int | None = None) -> torch.Tensor:
         """The emitted run of each request: int64 [batch, max_k + 1] on the device, its accepted drafts
         then the target's own token (recovered after a rejection, a bonus token after all k), -1 after
         the run ends. Lossless: each token is distributed as plain sampling from the target draws it.
@@ -44,11 +45,13 @@ class RejectionSampler:
         temperatures (0 = greedy), top_k, top_p, seeds: [batch]; positions: int64 [batch], each
         request's first sampled position. ``uniform_k``: every request has that many drafts (static
         shapes, nothing read back: the graph verify step). ``all_greedy``: every temperature is 0 (the
-        caller knows it on the host), so the greedy rule's one argmax gives the same runs."""
+        caller knows it on the host), so the greedy rule's one argmax gives the same runs. ``max_k``: the
+        most drafts of any request, known on the host (an eager step then reads nothing back)."""
         if all_greedy:
-            return greedy_rejection_sample(draft_token_ids, cu_num_draft_tokens, target_logits, uniform_k)
+            return greedy_rejection_sample(draft_token_ids, cu_num_draft_tokens, target_logits, uniform_k,
+                                           max_k)
         return self.kernel(draft_token_ids, cu_num_draft_tokens, draft_probs, target_logits, temperatures,
-                           top_k, top_p, seeds, positions, uniform_k=uniform_k)
+                           top_k, top_p, seeds, positions, uniform_k=uniform_k, max_k=max_k)
 
 
 def emitted_runs(runs: torch.Tensor) -> list[list[int]]:

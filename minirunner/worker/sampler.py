@@ -73,7 +73,8 @@ class Sampler:
 
         return self.rejection_sampler(put(draft_token_ids), put(np.cumsum(num_drafts)), draft_probs, logits,
                                       put(temps), put(state.top_k[rows]), put(state.top_p[rows]),
-                                      put(state.seed[rows]), positions, all_greedy=not temps.any())
+                                      put(state.seed[rows]), positions, all_greedy=not temps.any(),
+                                      max_k=int(num_drafts.max(initial=0)))
 
     def graph_kind(self, rows: np.ndarray) -> GraphKind:
         """Which compiled sampler a graph step of these state rows needs: GREEDY, SAMPLE or FILTER."""

@@ -7,6 +7,7 @@ prints, its JSON and its plot. Figures are for the machine it runs on.
 
 from __future__ import annotations
 
+import gc
 import json
 import platform
 from pathlib import Path
@@ -89,6 +90,10 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
         how = f"{sc.method} k={sc.num_speculative_tokens}"
         label = f"minirunner ({cfg.kv_layout}, {how}{', async' if cfg.async_scheduling else ''})"
     results = [run_minirunner(llm, wl, label, use_tqdm)]
+    num_kv_blocks = llm.engine.num_kv_blocks
+    # On a GPU its KV cache took the free memory: every run compared below needs it back.
+    llm = None
+    _release_device_memory(cfg.device)
     threads = tuple(sorted({1, _DEFAULT_THREADS}))
     for c in compare:
         if c == "transformers":
@@ -105,7 +110,7 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
                                             prompt_lookup_num_tokens=lookup, warm_all=hf_warm))
         else:
             layout = "paged" if c in ("plain", "synchronous", "one_device") else c
-            kw = dict(llm_kwargs, kv_layout=layout, num_kv_blocks=llm.engine.num_kv_blocks,
+            kw = dict(llm_kwargs, kv_layout=layout, num_kv_blocks=num_kv_blocks,
                       async_scheduling=False)
             name = f"minirunner ({layout})"
             if c == "plain":
@@ -120,7 +125,8 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
             other = LLM(model, **kw)
             run_minirunner(other, warm)
             results.append(run_minirunner(other, wl, name, use_tqdm))
-            del other
+            other = None
+            _release_device_memory(cfg.device)
     base = results[0]
     ratios = {}
     for r in results[1:]:
@@ -142,6 +148,14 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
                 warmup="workload" if warm is wl else "short",
                 environment=environment(), results=[r.as_dict() for r in results], ratios=ratios,
                 transformers_assisted_speedup=assisted)
+
+
+
+def _release_device_memory(device) -> None:
+    """Free what a dropped engine held on a GPU (its KV cache, graphs' pool) for the next run."""
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def format_table(report: dict) -> str:
