@@ -7,7 +7,8 @@ here with an error naming it. Nothing deeper in the engine reads environment var
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -15,6 +16,8 @@ import torch
 from minirunner.config_check import check_config_dict
 from minirunner.engine.request_queue import check_policy
 from minirunner.limits import check_engine_memory, check_finite, check_int, check_threads
+
+logger = logging.getLogger(__name__)
 
 # architecture name -> (q/k/v projections carry a bias, per-head RMSNorm on q and k)
 SUPPORTED_ARCHITECTURES = {
@@ -195,15 +198,35 @@ class EngineConfig:
     tensor_parallel_size: int = 1  # ranks the model is sharded over (minirunner/distributed/tp_runner.py)
     scheduling_policy: str = "fcfs"  # or "priority" (vLLM's): engine/request_queue.py
 
-    def validate(self, model_config: ModelConfig) -> None:
+    def resolved(self, model_config: ModelConfig) -> EngineConfig:
+        """This configuration checked against the model, with what "auto" / None left open decided (graph
+        mode, max_model_len, the capture-size ladder): a new EngineConfig; this one is left as given.
+        Raises ValueError naming the first setting that cannot work."""
         from minirunner.worker.cudagraph import capture_sizes
 
         tp = self.tensor_parallel_size
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {tp!r}")
-        if tp > 1 and self.graph_mode == "auto":
-            self.graph_mode = "none"  # tensor-parallel steps run eager
-        self.graph_mode = resolve_graph_mode(self.graph_mode, self.device)
+        graph_mode = self.graph_mode
+        if tp > 1 and graph_mode == "auto":
+            graph_mode = "none"  # tensor-parallel steps run eager
+            logger.info("graph_mode='auto' with tensor_parallel_size=%d: steps run eager (no graphs "
+                        "under tensor parallelism)", tp)
+        config = replace(self, graph_mode=resolve_graph_mode(graph_mode, self.device))
+        config.check(model_config)
+        if config.max_model_len is None:
+            limit, window = model_config.max_position_embeddings, model_config.sliding_window
+            config.max_model_len = min(limit, window) if window else limit
+        config.check_model_len(model_config)
+        check_engine_memory(config, model_config)  # before anything is allocated
+        sizes = config.cudagraph_capture_sizes
+        if sizes is not None:
+            config.cudagraph_capture_sizes = capture_sizes(config.max_num_seqs, sizes)
+        return config
+
+    def check(self, model_config: ModelConfig) -> None:
+        """The checks that need no resolved value (raises ValueError; changes nothing)."""
+        tp = self.tensor_parallel_size
         if tp > 1:
             from minirunner.distributed.tp_runner import check_tensor_parallel
 
@@ -230,10 +253,10 @@ class EngineConfig:
             check_tokenizer_dir(self.tokenizer)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
-        limit = model_config.max_position_embeddings
-        window = model_config.sliding_window
-        if self.max_model_len is None:
-            self.max_model_len = min(limit, window) if window else limit
+
+    def check_model_len(self, model_config: ModelConfig) -> None:
+        """max_model_len (resolved) against the model's positions and sliding window."""
+        limit, window = model_config.max_position_embeddings, model_config.sliding_window
         if not 1 <= self.max_model_len <= limit:
             raise ValueError(f"max_model_len={self.max_model_len} must be in [1, {limit}] "
                              "(the model's max_position_embeddings)")
@@ -241,9 +264,6 @@ class EngineConfig:
             raise ValueError(f"the model uses sliding-window attention (window {window}), which "
                              f"minirunner does not implement; pass max_model_len <= {window} so the "
                              "window never applies")
-        check_engine_memory(self, model_config)  # before anything is allocated
-        if self.cudagraph_capture_sizes is not None:
-            self.cudagraph_capture_sizes = capture_sizes(self.max_num_seqs, self.cudagraph_capture_sizes)
 
 
 GRAPH_MODES = ("auto", "none", "cuda", "compile")

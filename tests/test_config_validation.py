@@ -145,3 +145,20 @@ def test_the_profiler_writes_into_a_fresh_private_folder(model_dir, monkeypatch,
         assert folder.parent == tmp_path and not folder.is_symlink()
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_the_engine_resolves_a_copy_and_leaves_the_given_config_as_given(model_dir):
+    """What "auto" / None leave open (graph mode, max_model_len, the capture ladder) is decided on a copy
+    the engine keeps; the EngineConfig a caller built is not changed under it."""
+    from minirunner.config import EngineConfig, ModelConfig
+    from minirunner.engine.engine import LLMEngine
+
+    given = EngineConfig(model=str(model_dir), dtype=torch.float32, device=torch.device("cpu"),
+                         num_kv_blocks=16, graph_mode="auto", max_model_len=None,
+                         cudagraph_capture_sizes=[4, 1, 4])
+    engine = LLMEngine(given, ModelConfig.from_dir(str(model_dir)))
+    assert (given.graph_mode, given.max_model_len, given.cudagraph_capture_sizes) == ("auto", None, [4, 1, 4])
+    cfg = engine.config
+    assert cfg.graph_mode == "none"  # auto on a CPU
+    assert cfg.max_model_len == ModelConfig.from_dir(str(model_dir)).max_position_embeddings
+    assert cfg.cudagraph_capture_sizes == [1, 4]

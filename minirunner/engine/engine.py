@@ -50,9 +50,8 @@ class EngineStep:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, model_config: ModelConfig | None = None):
-        self.config = config
         self.model_config = mc = model_config or ModelConfig.from_dir(config.model)
-        config.validate(mc)
+        self.config = config = config.resolved(mc)
         self.tokenizer = load_tokenizer(config.tokenizer or config.model, config.tokenizer_mode)
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_token_ids = (frozenset(mc.eos_token_ids) | generation_eos_ids(config.model)
