@@ -1,5 +1,6 @@
 """Two commits side by side on this machine: minirunner's output tok/s on cpu_headlines.py's two workloads
-(batch 1; 64 ragged requests) and the eager / compiled decode step times of benchmarks/graphs.py, each
+(batch 1; 64 ragged requests) and on speculative decoding at batch 1 (the embedded draft model, k = 3,
+two text prompts), and the eager / compiled decode step times of benchmarks/graphs.py, each
 commit in its own worktree and process, alternating, repeated; medians, ranges and pairwise ratios.
 
     python benchmarks/commit_compare.py --old 7fb47e7 --new HEAD --pairs 5 \\
@@ -29,8 +30,11 @@ one = run_bench(device="cpu", compare=[], workload="fixed", num_requests=1, inpu
                 output_len=(200, 200), **kw)
 many = run_bench(device="cpu", compare=[], workload="nano", num_requests=64, input_len=(8, 96),
                  output_len=(16, 160), **kw)
+spec = run_bench(device="cpu", compare=[], workload="text", num_requests=2, output_len=(96, 96),
+                 speculative_config={"method": "draft_model", "num_speculative_tokens": 3}, **kw)
 print(json.dumps(dict(batch1=one["results"][0]["output_tok_per_s"],
-                      ragged64=many["results"][0]["output_tok_per_s"])))
+                      ragged64=many["results"][0]["output_tok_per_s"],
+                      spec_batch1=spec["results"][0]["output_tok_per_s"])))
 """
 
 
