@@ -103,8 +103,13 @@ KERNEL_READY = """async () => {
   await w.context.ready; await w.sessionContext.ready;
   return w.sessionContext.session.kernel.status;
 }"""
-RUN_ALL = """async () => {
-  await window.jupyterapp.commands.execute('notebook:run-all-cells');
+# Started, not awaited: the test polls STATE (with a deadline) until the run has ended, so a cell that errors
+# or never returns fails the test within RUN_ALL_TIMEOUT_S instead of holding page.evaluate forever.
+RUN_ALL = """() => {
+  window.__runAll = {done: false, error: null};
+  window.jupyterapp.commands.execute('notebook:run-all-cells').then(
+    () => { window.__runAll.done = true; },
+    (e) => { window.__runAll.done = true; window.__runAll.error = String(e); });
 }"""
 STATE = """() => {
   const w = window.jupyterapp.shell.currentWidget;
@@ -123,16 +128,22 @@ STATE = """() => {
     }
   }
   out.status = w.sessionContext.session.kernel.status;
+  out.run_done = Boolean(window.__runAll && window.__runAll.done);
+  out.run_error = window.__runAll ? window.__runAll.error : null;
   return out;
 }"""
 SHUTDOWN = "async () => { await window.jupyterapp.shell.currentWidget.sessionContext.shutdown(); }"
 
 
 def _wait_idle(page, timeout_s: float) -> dict:
+    """The notebook's state once Run All has ended and the kernel is idle, or at the first error output
+    (the run stops there; the caller's assertion names it)."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         state = page.evaluate(STATE)
-        if state["status"] == "idle" and state["executed"] == state["code"]:
+        if state["errors"] or state["run_error"]:
+            return state
+        if state["run_done"] and state["status"] == "idle" and state["executed"] == state["code"]:
             return state
         time.sleep(0.5)
     state = page.evaluate(STATE)
@@ -158,6 +169,7 @@ def test_notebook_runs_in_jupyterlab(lab, browser, path):
         elapsed = time.perf_counter() - t0
         print(f"\n{path.name}: Run All in the browser took {elapsed:.1f} s ({state['code']} code cells)")
         assert not state["errors"], f"{path.name}: error output: {state['errors']}"
+        assert not state["run_error"], f"{path.name}: Run All failed: {state['run_error']}"
         page.wait_for_timeout(500)  # let the last outputs render
         text = page.locator(".jp-Notebook").inner_text()
         assert "interactive(children=" not in text, "a widget rendered as text, not as a widget"
