@@ -26,6 +26,8 @@ import torch
 from minirunner.kernels._triton import use_triton
 from minirunner.kernels.sampling import sample, sample_ref
 from minirunner.spec_decode.rejection_sampler import RejectionSampler
+from minirunner.worker.compile_cache import COMPILE_OPTIONS, configure_compile_cache
+from minirunner.worker.graph_keys import context_columns, narrow_context
 
 
 class GraphKind(enum.Enum):
@@ -69,13 +71,6 @@ class GraphKey:
             return f"decode_step_b{self.size}_{self.kind.value}"
         what = "verify" if self.kind in VERIFY_KINDS else "extend"
         return f"{what}_step_b{self.size}_q{self.query_len}_{self.kind.value}"
-
-
-# Inductor's freezing folds the weights into the compiled step as constants and prepacks them for the
-# CPU's matmul kernels: measured on the embedded model at batch 1 it is what makes "compile" beat eager
-# by more than removing dispatch alone (benchmarks/graphs.py). The price: weights changed after a bucket
-# compiled are not seen by it (minirunner never changes weights after loading).
-COMPILE_OPTIONS: dict = {"freezing": True}
 
 
 def capture_sizes(max_num_seqs: int, sizes: Sequence[int] | None = None) -> list[int]:
@@ -140,7 +135,9 @@ class CudaGraphManager:
         self.sizes = [s for s in sizes if s <= self.max_tokens]
         self.max_draft_tokens = max_draft_tokens
         self.extra_query_lens = tuple(extra_query_lens)
-        self._steps: dict[GraphKey, Callable[[], tuple[torch.Tensor, torch.Tensor]]] = {}
+        # compile: one step per (key, block-table columns: its rung of the context ladder, graph_keys.py)
+        self._steps: dict[tuple[GraphKey, int], Callable[[], tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.cache_dir = configure_compile_cache() if mode == "compile" else None
         self._graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, tuple]] = {}
         self._verify_cu: dict[tuple[int, int], torch.Tensor] = {}
         self.draft_q = draft_q
@@ -166,8 +163,12 @@ class CudaGraphManager:
         return self.bucket(batch_size, k + 1)
 
     def keys(self) -> list[GraphKey]:
-        """Every key compiled or captured so far."""
-        return list(self._steps) + list(self._graphs)
+        """Every key compiled or captured so far (a compiled key once, whatever its context rungs)."""
+        return list(dict.fromkeys(key for key, _ in self._steps)) + list(self._graphs)
+
+    def contexts(self) -> list[tuple[GraphKey, int]]:
+        """(key, block-table columns) of every compiled step so far: the context rungs each key used."""
+        return list(self._steps)
 
     def cuda_graph(self, key: GraphKey) -> torch.cuda.CUDAGraph:
         """The captured graph of ``key`` (graph_mode='cuda'), e.g. to replay it under a sync check."""
@@ -199,17 +200,20 @@ class CudaGraphManager:
         self._probs_buffer()[:probs.shape[0]].copy_(probs)
 
     # -- the step a key replays -------------------------------------------------------------------
-    def step_fn(self, key: GraphKey) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    def step_fn(self, key: GraphKey, columns: int | None = None
+                ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
         """The eager Python function of one padded step over the first ``key.size`` rows of the buffers.
         Decode (query_len 1): returns (tokens int64 [size], fp32 logits [size, vocab]). Verify (query_len
         k + 1): every row holds its last known token then its k drafts; returns (the emitted run of each
         row int64 [size, k + 1], -1 after it ends; fp32 logits [size * (k + 1), vocab]): which drafts pass
         is decided on the device, in the step. GREEDY at query_len q > 1: (the argmax of every token row
         int64 [size * q], fp32 logits [size * q, vocab]). Compiling or capturing it is what ``run`` does;
-        calling it directly runs the same math eagerly (a notebook can)."""
+        calling it directly runs the same math eagerly (a notebook can). ``columns``: attend over the
+        first this many block-table columns only (None: the full width)."""
         size, kind, query_len = key.size, key.kind, key.query_len
         b = self.buffers
         meta = b.static_meta(size, query_len)
+        meta = meta if columns is None else narrow_context(meta, columns)
         model, backend, caches = self.model, self.backend, self.kv_caches
         input_ids = b.input_ids[:size * query_len]
         params = b.sampling_params(size)
@@ -245,15 +249,17 @@ class CudaGraphManager:
 
         return decode_step
 
-    def run(self, key: GraphKey) -> tuple[torch.Tensor, torch.Tensor]:
-        """Replay ``key``'s step (compiled on first use; captured at start-up). Every row [0, size) of the
+    def run(self, key: GraphKey, max_seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay ``key``'s step (compiled on first use, per context rung of ``max_seq_len``, the batch's
+        longest sequence: None is the full width; captured at start-up). Every row [0, size) of the
         buffers is already written. Outputs are valid until the next replay."""
         if self.mode == "compile":
-            step = self._steps.get(key)
+            columns = context_columns(max_seq_len, self.buffers.block_size, self.buffers.max_blocks_per_seq)
+            step = self._steps.get((key, columns))
             if step is None:
-                fn = _own_code(self.step_fn(key), key.name)
-                step = self._steps[key] = torch.compile(fn, dynamic=False, fullgraph=True,
-                                                         options=COMPILE_OPTIONS)
+                fn = _own_code(self.step_fn(key, columns), f"{key.name}_c{columns}")
+                step = self._steps[(key, columns)] = torch.compile(fn, dynamic=False, fullgraph=True,
+                                                                   options=COMPILE_OPTIONS)
             return step()
         self.backend.prepare_replay(self.buffers.static_meta(key.size, key.query_len), key.size)
         if key not in self._graphs:

@@ -188,8 +188,8 @@ class ModelRunner:
         graph = self.graph_bucket(sched)
         n = len(sched.num_scheduled_tokens)
         if graph is not None and graph[1] == 1:
-            self.prepare_inputs(sched, graph[0])
-            return self._replay(graph[0], GraphKind.GREEDY, n)[1], None
+            meta = self.prepare_inputs(sched, graph[0]).meta
+            return self._replay(graph[0], GraphKind.GREEDY, n, meta.max_seq_len)[1], None
         inputs = self.prepare_inputs(sched) if after is None else self.prepare_next_decode(*after)
         hidden = self.run_model(inputs)
         return (self.compute_logits(hidden, inputs) if len(inputs.sample_rows) else None), inputs
@@ -215,7 +215,7 @@ class ModelRunner:
             return AsyncOutput(out, runs.clone(), timer=timer)
         if bucket is not None:
             tokens, out.logits, out.graph = self._replay(bucket, self.sampler.graph_kind(inputs.sample_rows),
-                                                         len(inputs.sample_rows))
+                                                         len(inputs.sample_rows), inputs.meta.max_seq_len)
             return AsyncOutput(out, tokens.clone(), self._logprobs(out.logits, inputs), timer)
         hidden = self.run_model(inputs)
         out.prompt_logprobs = score_prompts(self.logits_at, hidden, self._prompt_spans(sched))
@@ -249,11 +249,12 @@ class ModelRunner:
             return None
         return lambda tokens: self.sampler.logprobs(logits, tokens, requests)
 
-    def _replay(self, bucket: int, kind: GraphKind, n: int, query_len: int = 1):
-        """Replay bucket ``bucket``'s step of ``kind`` for a batch of ``n`` requests: (its first n rows
+    def _replay(self, bucket: int, kind: GraphKind, n: int, max_seq_len: int, query_len: int = 1):
+        """Replay bucket ``bucket``'s step of ``kind`` for a batch of ``n`` requests whose longest
+        sequence holds ``max_seq_len`` tokens (the context rung, worker/graph_keys.py): (its first n rows
         of tokens or runs, the logits of their n * query_len token rows, copied out: the next replay
         overwrites its outputs; how the step ran)."""
-        out, logits = self.graphs.run(GraphKey(bucket, kind, query_len))
+        out, logits = self.graphs.run(GraphKey(bucket, kind, query_len), max_seq_len)
         return out[:n], logits[:n * query_len].clone(), StepGraphInfo(self.graphs.mode, bucket, bucket - n)
 
     def _replay_verify(self, bucket: int, query_len: int, inputs: InputBatch,
@@ -266,4 +267,4 @@ class ModelRunner:
         if draft_probs is not None:
             self.graphs.write_draft_probs(draft_probs)
         kind = GraphKind.VERIFY if draft_probs is not None else GraphKind.VERIFY_ONEHOT
-        return self._replay(bucket, kind, n, query_len)
+        return self._replay(bucket, kind, n, inputs.meta.max_seq_len, query_len)

@@ -17,6 +17,7 @@ import torch
 from minirunner.llm import LLM
 from minirunner.tools.bench.run import BenchResult, run_minirunner, run_transformers
 from minirunner.tools.bench.workloads import WORKLOADS, Workload, make_workload
+from minirunner.worker.compile_cache import cache_dir
 
 # plain / transformers_assisted: for a speculative run (speculative_config given), the same runner
 # without speculation, and transformers' assisted generation (the same draft model, or its n-gram prompt
@@ -34,7 +35,8 @@ def environment() -> dict:
     return dict(machine=platform.machine(), processor=platform.processor() or None,
                 python=platform.python_version(), torch=torch.__version__,
                 transformers=transformers.__version__, torch_threads=torch.get_num_threads(),
-                cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+                cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+                compile_cache=str(cache_dir()))
 
 
 def run_bench(model: str | None = None, workload: str = "nano", num_requests: int = 64,
@@ -191,6 +193,10 @@ def format_table(report: dict) -> str:
     assisted = report.get("transformers_assisted_speedup")
     if assisted:
         lines.append(f"{assisted['label']}: {assisted['output_tok_per_s']:.2f}x output tok/s")
+    folder = report["environment"].get("compile_cache")
+    if folder:
+        lines.append(f"compiled steps (graph_mode='compile') are cached in {folder} "
+                     "(MINIRUNNER_COMPILE_CACHE)")
     return "\n".join(lines)
 
 

@@ -1,0 +1,206 @@
+"""Compiled (``graph_mode="compile"``) against eager decode on a CPU, embedded model, one thread.
+
+Three measurements, each in alternating pairs on one machine (eager, compiled, then compiled, eager, ...),
+so a noisy shared machine slows both alike; every figure is a median with its range (min-max of the
+per-pair ratios):
+
+- decode step at batch 1, 8 and 32 (one engine step each, greedy, short context: the first context rung);
+- 64 ragged requests end to end (``LLM.generate``, ragged prompt and output lengths, default bucket ladder);
+- warm start: a second process with the same compile cache, from ``LLM(...)`` to its first compiled step
+  (seconds), beside the first (cold) process.
+
+    python benchmarks/compile_vs_eager.py --out benchmarks/results/compile_vs_eager_cpu.json
+
+Compiling happens in untimed warm-up passes (reported as ``warmup_s``), never inside the medians.
+``--freezing`` compiles with inductor's freezing on (the A/B behind the default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+PROMPT_LEN = 16
+BATCHES = (1, 8, 32)
+
+
+def _engine(mode: str, **kw):
+    from minirunner import LLM
+
+    return LLM(device="cpu", graph_mode=mode, **kw)
+
+
+def _summary(ratios: list[float]) -> dict:
+    q = np.percentile(ratios, [25, 75])
+    return dict(median=statistics.median(ratios), min=min(ratios), max=max(ratios),
+                q25=float(q[0]), q75=float(q[1]), n=len(ratios))
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def decode_steps(batch: int, steps: int, warmup: int, engines: dict) -> dict:
+    """Median engine step (ms) of each engine at ``batch`` requests, and the per-pair eager/compiled ratio."""
+    from minirunner import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=warmup + steps + 4, ignore_eos=True)
+    prompts = [[(7 * i + j) % 1000 + 3 for j in range(PROMPT_LEN)] for i in range(batch)]
+    warm = {}
+    for name, llm in engines.items():
+        for p in prompts:
+            llm.engine.add_request(p, params)
+        t0 = time.perf_counter()
+        while any(r.num_computed_tokens < len(r.prompt_token_ids) for r in llm.engine.requests.values()):
+            llm.engine.step()
+        for _ in range(warmup):  # the compiled engine compiles its bucket here
+            llm.engine.step()
+        warm[name] = time.perf_counter() - t0
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    for i in range(steps):
+        order = list(engines) if i % 2 == 0 else list(reversed(engines))
+        for name in order:
+            t0 = time.perf_counter()
+            engines[name].engine.step()
+            times[name].append(time.perf_counter() - t0)
+    for llm in engines.values():
+        timed = list(llm.engine.trace)[-steps:]
+        assert all(t.num_decode_tokens == batch and t.num_prefill_tokens == 0 for t in timed)
+        for request_id in list(llm.engine.requests):
+            llm.engine.abort_request(request_id)
+        llm.engine.requests.clear()
+    ratios = [e / c for e, c in zip(times["none"], times["compile"], strict=True)]
+    return dict(eager_ms=1e3 * statistics.median(times["none"]),
+                compile_ms=1e3 * statistics.median(times["compile"]),
+                speedup=_summary(ratios), warmup_s=warm)
+
+
+def ragged_workload(n: int, seed: int = 0):
+    from minirunner import SamplingParams
+
+    rng = np.random.default_rng(seed)
+    prompts = [[int(t) for t in rng.integers(3, 1000, int(rng.integers(8, 49)))] for _ in range(n)]
+    params = [SamplingParams(temperature=0.0, max_tokens=int(rng.integers(8, 65)), ignore_eos=True)
+              for _ in range(n)]
+    return prompts, params
+
+
+def ragged(pairs: int, engines: dict, n: int = 64) -> dict:
+    """64 ragged requests end to end: seconds per ``generate``, and the per-pair eager/compiled ratio."""
+    prompts, params = ragged_workload(n)
+    warm, times, outs = {}, {name: [] for name in engines}, {}
+    for name, llm in engines.items():  # warm-up: compiles every bucket and rung the run replays
+        t0 = time.perf_counter()
+        outs[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        warm[name] = time.perf_counter() - t0
+    assert outs["none"] == outs["compile"], "compiled and eager tokens differ (greedy)"
+    for i in range(pairs):
+        for name in (list(engines) if i % 2 == 0 else list(reversed(engines))):
+            t0 = time.perf_counter()
+            engines[name].generate(prompts, params, use_tqdm=False)
+            times[name].append(time.perf_counter() - t0)
+    ratios = [e / c for e, c in zip(times["none"], times["compile"], strict=True)]
+    graphs = engines["compile"].engine.runner.graphs
+    return dict(eager_s=statistics.median(times["none"]), compile_s=statistics.median(times["compile"]),
+                speedup=_summary(ratios), warmup_s=warm, output_tokens=sum(len(t) for t in outs["none"]),
+                compiled_steps=[f"{k.name}_c{c}" for k, c in graphs.contexts()])
+
+
+def child_warm_start(freezing: bool) -> None:
+    """One process: from LLM(...) to its first compiled decode step; prints a JSON line."""
+    torch.set_num_threads(1)
+    from torch._dynamo.utils import counters
+
+    from minirunner import SamplingParams
+    from minirunner.worker import compile_cache
+
+    compile_cache.COMPILE_OPTIONS.update({"freezing": True} if freezing else {})
+    t0 = time.perf_counter()
+    llm = _engine("compile", max_num_seqs=8)
+    built = time.perf_counter() - t0
+    llm.generate([[5, 6, 7, 8, 9]], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True),
+                 use_tqdm=False)
+    print(json.dumps(dict(seconds=time.perf_counter() - t0, construction_s=built,
+                          inductor={k: v for k, v in counters["inductor"].items() if "cache" in k},
+                          aot_autograd={k: v for k, v in counters["aot_autograd"].items() if "cache" in k},
+                          steps=[k.name for k in llm.engine.runner.graphs.keys()])))
+
+
+def warm_start(runs: int, freezing: bool) -> dict:
+    """A fresh cache folder: one cold process, then ``runs`` warm ones."""
+    folder = tempfile.mkdtemp(prefix="minirunner-compile-")
+    env = dict(os.environ, MINIRUNNER_COMPILE_CACHE=folder)
+    cmd = [sys.executable, __file__, "--child-warm-start"] + (["--freezing"] if freezing else [])
+    results = []
+    for _ in range(runs + 1):
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    warm = [r["seconds"] for r in results[1:]]
+    return dict(cold=results[0], warm=results[1:], warm_s=_summary(warm),
+                cache_files=sum(len(f) for _, _, f in os.walk(folder)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=40, help="timed decode steps per engine and batch")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    ap.add_argument("--ragged-pairs", type=int, default=4, help="alternating pairs of 64 ragged requests")
+    ap.add_argument("--warm-runs", type=int, default=2, help="warm processes after the cold one")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["decode", "ragged", "warm"])
+    ap.add_argument("--freezing", action="store_true", help="compile with inductor's freezing on")
+    ap.add_argument("--child-warm-start", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="benchmarks/results/compile_vs_eager_cpu.json")
+    args = ap.parse_args()
+    if args.child_warm_start:
+        return child_warm_start(args.freezing)
+    torch.set_num_threads(1)
+    from minirunner.tools.bench import environment
+    from minirunner.worker import compile_cache
+
+    if args.freezing:
+        compile_cache.COMPILE_OPTIONS.update(freezing=True)
+    command = "python benchmarks/compile_vs_eager.py " + " ".join(sys.argv[1:])
+    report = dict(environment=environment(), command=command.strip(), load_before=_load(),
+                  freezing=args.freezing, note="alternating pairs on a shared machine; ratio = eager / "
+                  "compiled per pair, median with min-max and quartiles")
+    if "decode" not in args.skip:
+        kw = dict(max_num_seqs=max(args.batches), cudagraph_capture_sizes=sorted(set(args.batches)))
+        engines = {"none": _engine("none", **kw), "compile": _engine("compile", **kw)}
+        report["decode"] = {}
+        for b in args.batches:
+            r = report["decode"][str(b)] = decode_steps(b, args.steps, args.warmup, engines)
+            s = r["speedup"]
+            print(f"decode batch {b:3d}: eager {r['eager_ms']:.2f} ms, compiled {r['compile_ms']:.2f} ms -> "
+                  f"x{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}); load {_load()}", flush=True)
+        del engines
+    if "ragged" not in args.skip:
+        engines = {"none": _engine("none", max_num_seqs=64), "compile": _engine("compile", max_num_seqs=64)}
+        r = report["ragged64"] = ragged(args.ragged_pairs, engines)
+        s = r["speedup"]
+        print(f"64 ragged: eager {r['eager_s']:.2f} s, compiled {r['compile_s']:.2f} s -> x{s['median']:.2f} "
+              f"({s['min']:.2f}-{s['max']:.2f}); warm-up {r['warmup_s']}; load {_load()}", flush=True)
+        del engines
+    if "warm" not in args.skip:
+        r = report["warm_start"] = warm_start(args.warm_runs, args.freezing)
+        print(f"start to first compiled step: cold {r['cold']['seconds']:.1f} s, warm "
+              f"{r['warm_s']['median']:.1f} s ({r['warm_s']['min']:.1f}-{r['warm_s']['max']:.1f}); "
+              f"warm counters {r['warm'][-1]['inductor']}; load {_load()}", flush=True)
+    report["load_after"] = _load()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

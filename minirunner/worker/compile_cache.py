@@ -1,0 +1,65 @@
+"""The on-disk cache of compiled steps (graph_mode="compile"): where torch keeps them across processes.
+
+Owns the folder (``MINIRUNNER_COMPILE_CACHE``, default ``~/.cache/minirunner/compile/torch-<version>``), its
+checks (a folder this process can write, else a ValueError saying what to do) and the torch settings that
+point inductor's FX graph cache and AOT autograd's cache at it. Entries are keyed by torch itself (the
+traced graph, its shapes, dtypes and strides, the compile options, the torch version), so a change of
+model architecture, bucket or torch version misses; weights are inputs of the compiled step, never
+baked into it. It never compiles anything and never deletes an entry.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+ENV_VAR = "MINIRUNNER_COMPILE_CACHE"
+# No inductor freezing: it folds the weights into each compiled step as constants, and on a warm start
+# re-runs its passes on every step before the cache lookup (seconds per key), for no step time it saves
+# on the embedded model (benchmarks/README.md, "Freezing").
+COMPILE_OPTIONS: dict = {}
+logger = logging.getLogger(__name__)
+
+
+def default_cache_dir() -> Path:
+    """~/.cache/minirunner/compile/torch-<torch version> (the version's '+' local tag kept)."""
+    return Path.home() / ".cache" / "minirunner" / "compile" / f"torch-{torch.__version__}"
+
+
+def cache_dir() -> Path:
+    """The folder compiled steps are cached in: ``MINIRUNNER_COMPILE_CACHE`` when set, else the default.
+    Checked, not created."""
+    value = os.environ.get(ENV_VAR)
+    if value is None or value == "":
+        return default_cache_dir()
+    return Path(value).expanduser()
+
+
+def configure_compile_cache() -> Path:
+    """Create and check the cache folder and point torch's compile caches at it (before the first
+    compile of this process). Returns the folder. Raises ValueError naming ``MINIRUNNER_COMPILE_CACHE``
+    when the folder is a file or cannot be written."""
+    path = cache_dir()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{ENV_VAR}={str(path)!r} is a file, not a folder: set {ENV_VAR} to a folder "
+                         "(it is created if missing), or unset it for the default "
+                         f"{default_cache_dir()}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"{ENV_VAR}={str(path)!r} cannot be created ({err.strerror}): set {ENV_VAR} "
+                         "to a folder you can write, or unset it for the default") from err
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"{ENV_VAR}={str(path)!r} is not writable: set {ENV_VAR} to a folder you can "
+                         "write, or unset it for the default")
+    path = path.resolve()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    inductor_config.fx_graph_cache = True
+    functorch_config.enable_autograd_cache = True
+    logger.info("compiled steps cached in %s", path)
+    return path
