@@ -5,7 +5,7 @@ so a noisy shared machine slows both alike; every figure is a median with its ra
 per-pair ratios):
 
 - decode step at batch 1, 8 and 32 (one engine step each, greedy, short context: the first context rung);
-- 64 ragged requests end to end (``LLM.generate``, ragged prompt and output lengths, default bucket ladder);
+- 64 ragged requests end to end (``LLM.generate``, ragged prompt and output lengths; buckets 1, 2, 4 ... 64);
 - warm start: a second process with the same compile cache, from ``LLM(...)`` to its first compiled step
   (seconds), beside the first (cold) process.
 
@@ -156,6 +156,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     ap.add_argument("--ragged-pairs", type=int, default=4, help="alternating pairs of 64 ragged requests")
+    ap.add_argument("--ragged-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64],
+                    help="the compiled engine's bucket ladder for the 64 ragged requests")
     ap.add_argument("--warm-runs", type=int, default=2, help="warm processes after the cold one")
     ap.add_argument("--skip", nargs="*", default=[], choices=["decode", "ragged", "warm"])
     ap.add_argument("--freezing", action="store_true", help="compile with inductor's freezing on")
@@ -185,7 +187,8 @@ def main() -> None:
                   f"x{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}); load {_load()}", flush=True)
         del engines
     if "ragged" not in args.skip:
-        engines = {"none": _engine("none", max_num_seqs=64), "compile": _engine("compile", max_num_seqs=64)}
+        kw = dict(max_num_seqs=64, cudagraph_capture_sizes=args.ragged_sizes)
+        engines = {"none": _engine("none", **kw), "compile": _engine("compile", **kw)}
         r = report["ragged64"] = ragged(args.ragged_pairs, engines)
         s = r["speedup"]
         print(f"64 ragged: eager {r['eager_s']:.2f} s, compiled {r['compile_s']:.2f} s -> x{s['median']:.2f} "
