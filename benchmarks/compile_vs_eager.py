@@ -37,7 +37,8 @@ BATCHES = (1, 8, 32)
 def _engine(mode: str, **kw):
     from minirunner import LLM
 
-    return LLM(device="cpu", graph_mode=mode, **kw)
+    # num_threads=1: LLM's "auto" would set one thread per core, which stalls on a shared machine
+    return LLM(device="cpu", graph_mode=mode, num_threads=1, **kw)
 
 
 def _summary(ratios: list[float]) -> dict:
@@ -67,12 +68,14 @@ def decode_steps(batch: int, steps: int, warmup: int, engines: dict) -> dict:
             llm.engine.step()
         warm[name] = time.perf_counter() - t0
     times: dict[str, list[float]] = {name: [] for name in engines}
+    cpu: dict[str, list[float]] = {name: [] for name in engines}  # this thread's CPU time
     for i in range(steps):
         order = list(engines) if i % 2 == 0 else list(reversed(engines))
         for name in order:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             engines[name].engine.step()
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.thread_time() - c0)
     for llm in engines.values():
         timed = list(llm.engine.trace)[-steps:]
         assert all(t.num_decode_tokens == batch and t.num_prefill_tokens == 0 for t in timed)
@@ -80,9 +83,12 @@ def decode_steps(batch: int, steps: int, warmup: int, engines: dict) -> dict:
             llm.engine.abort_request(request_id)
         llm.engine.requests.clear()
     ratios = [e / c for e, c in zip(times["none"], times["compile"], strict=True)]
+    cpu_ratios = [e / c for e, c in zip(cpu["none"], cpu["compile"], strict=True)]
     return dict(eager_ms=1e3 * statistics.median(times["none"]),
                 compile_ms=1e3 * statistics.median(times["compile"]),
-                speedup=_summary(ratios), warmup_s=warm)
+                speedup=_summary(ratios), warmup_s=warm,
+                eager_cpu_ms=1e3 * statistics.median(cpu["none"]),
+                compile_cpu_ms=1e3 * statistics.median(cpu["compile"]), cpu_time_speedup=_summary(cpu_ratios))
 
 
 def ragged_workload(n: int, seed: int = 0):
@@ -126,7 +132,7 @@ def child_warm_start(freezing: bool) -> None:
 
     compile_cache.COMPILE_OPTIONS.update({"freezing": True} if freezing else {})
     t0 = time.perf_counter()
-    llm = _engine("compile", max_num_seqs=8)
+    llm = _engine("compile", max_num_seqs=8)  # buckets 1, 2, 4, 8: the first step compiles bucket 1
     built = time.perf_counter() - t0
     llm.generate([[5, 6, 7, 8, 9]], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True),
                  use_tqdm=False)
@@ -184,7 +190,8 @@ def main() -> None:
             r = report["decode"][str(b)] = decode_steps(b, args.steps, args.warmup, engines)
             s = r["speedup"]
             print(f"decode batch {b:3d}: eager {r['eager_ms']:.2f} ms, compiled {r['compile_ms']:.2f} ms -> "
-                  f"x{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}); load {_load()}", flush=True)
+                  f"x{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}); thread CPU time "
+                  f"x{r['cpu_time_speedup']['median']:.2f}; load {_load()}", flush=True)
         del engines
     if "ragged" not in args.skip:
         kw = dict(max_num_seqs=64, cudagraph_capture_sizes=args.ragged_sizes)

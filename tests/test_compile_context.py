@@ -18,7 +18,7 @@ from minirunner.worker.graph_keys import context_columns, context_ladder, narrow
 
 # block_size 4 and the tiny model's 128 positions: 32 block-table columns; rungs of 16 and 32 columns.
 KW = dict(dtype="float32", device="cpu", attention_backend="torch", block_size=4, max_num_seqs=4,
-          num_kv_blocks=128)
+          num_kv_blocks=128, num_threads=1)
 
 
 def test_the_ladder_rule():
