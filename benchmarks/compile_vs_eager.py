@@ -193,6 +193,7 @@ def main() -> None:
                   f"x{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}); thread CPU time "
                   f"x{r['cpu_time_speedup']['median']:.2f}; load {_load()}", flush=True)
         del engines
+        _write(report, args.out)
     if "ragged" not in args.skip:
         kw = dict(max_num_seqs=64, cudagraph_capture_sizes=args.ragged_sizes)
         engines = {"none": _engine("none", **kw), "compile": _engine("compile", **kw)}
@@ -201,13 +202,19 @@ def main() -> None:
         print(f"64 ragged: eager {r['eager_s']:.2f} s, compiled {r['compile_s']:.2f} s -> x{s['median']:.2f} "
               f"({s['min']:.2f}-{s['max']:.2f}); warm-up {r['warmup_s']}; load {_load()}", flush=True)
         del engines
+        _write(report, args.out)
     if "warm" not in args.skip:
         r = report["warm_start"] = warm_start(args.warm_runs, args.freezing)
         print(f"start to first compiled step: cold {r['cold']['seconds']:.1f} s, warm "
               f"{r['warm_s']['median']:.1f} s ({r['warm_s']['min']:.1f}-{r['warm_s']['max']:.1f}); "
               f"warm counters {r['warm'][-1]['inductor']}; load {_load()}", flush=True)
+    _write(report, args.out)
+
+
+def _write(report: dict, path: str) -> None:
+    """The report so far (written after each section, so a long run keeps what it measured)."""
     report["load_after"] = _load()
-    out = Path(args.out)
+    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
 
