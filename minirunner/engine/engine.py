@@ -206,12 +206,11 @@ class LLMEngine:
         """Propose, schedule and launch one step (None: nothing to run; the idle step is traced)."""
         t0 = time.perf_counter()
         self.kv.begin_step()
-        propose_s = 0.0
-        if self.spec is not None:  # a finished request's draft KV went back in free_request
-            propose_s = self.spec.propose(self.scheduler.running,
-                                          {rid for rid, r in self.requests.items() if not r.is_finished},
-                                          self.scheduler.may_join())
-        sched = self.scheduler.schedule()
+        k = propose_s = 0
+        if self.spec is not None:  # the drafts scheduled now were proposed after the last step sampled
+            k = self.spec.plan(self.scheduler.running, self.scheduler.may_join())
+            propose_s = self.spec.propose_s
+        sched = self.scheduler.schedule(k)
         self.metrics.record_schedule(len(sched.preempted))
         for request_id in sched.preempted:
             self.runner.free_request(request_id)
@@ -222,11 +221,10 @@ class LLMEngine:
             return None
         t1 = time.perf_counter()
         try:
-            draft_probs = self.spec.draft_probs(sched.scheduled) if self.spec is not None else None
             copies = self.kv.take_copies()  # copy-on-write of shared blocks, before any write
             self.runner.copy_blocks([c[0] for c in copies], [c[1] for c in copies])
             with sync_check(self.check_no_sync and prev is not None, self.runner.device):
-                output = self.runner.execute(sched.output, draft_probs,
+                output = self.runner.execute(sched.output,
                                              prev.output.prev_sampled() if prev is not None else None)
         except BaseException:
             self._abort_failed([s.request for s in sched.scheduled])
@@ -267,6 +265,7 @@ class LLMEngine:
                                            step.propose_s, verify_s, trim)
             if step.chained:
                 self.chain.applied(step.sched, out.runs, end_chain)
+            self.scheduler.update_draft_token_ids(self.spec.take_drafts(out))
         occupancy = self.tracer.occupancy()  # the step's peak: before finished requests free blocks
         for request in applied.done:
             self.free_request(request)
