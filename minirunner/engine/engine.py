@@ -263,9 +263,10 @@ class LLMEngine:
             verify_s = out.device_s if out.device_s is not None else step.verify_s
             spec_runs = self.spec.verified([s for s, _ in live], [run for _, run in live], self.kv,
                                            step.propose_s, verify_s, trim)
+            drafts = self.spec.take_drafts(out)
             if step.chained:
-                self.chain.applied(step.sched, out.runs, end_chain)
-            self.scheduler.update_draft_token_ids(self.spec.take_drafts(out))
+                drafts = self.chain.applied(step.sched, out.runs, end_chain)
+            self.scheduler.update_draft_token_ids(drafts)
         occupancy = self.tracer.occupancy()  # the step's peak: before finished requests free blocks
         for request in applied.done:
             self.free_request(request)

@@ -32,7 +32,6 @@ class Drafter:
         """Draft up to ``sched.num_spec_tokens`` tokens for every request that sampled in this step
         (``out.runs`` read), into ``out.draft_token_ids``; ``out.propose_s`` the host time it took."""
         t0 = time.perf_counter()
-        self.probs.clear()
         state, k = self.state, sched.num_spec_tokens
         inputs, ks = [], []
         for rid, run in zip(out.req_ids, out.runs, strict=True):
@@ -45,14 +44,20 @@ class Drafter:
                 tokens = np.concatenate([row.token_ids[:row.num_tokens], np.asarray(run, dtype=np.int64)])
                 inputs.append(DraftInput(rid, tokens, row.params, row.seed))
                 ks.append(n)
+        out.draft_token_ids = self.propose_inputs(inputs, ks)
+        out.propose_s = time.perf_counter() - t0
+
+    def propose_inputs(self, inputs: list[DraftInput], ks: list[int]) -> dict[str, list[int]]:
+        """Draft ks[i] tokens for inputs[i]: request id -> its drafts (their q kept, the last kept
+        forgotten)."""
+        self.probs.clear()
         drafts = {}
         if inputs:
             for rid, (tokens, q) in self.proposer.propose(inputs, ks).items():
                 drafts[rid] = tokens
                 if q is not None:
                     self.probs[rid] = q
-        out.draft_token_ids = drafts
-        out.propose_s = time.perf_counter() - t0
+        return drafts
 
     def draft_probs(self, sched: SchedulerOutput) -> torch.Tensor | None:
         """q of every draft token this step verifies, in batch order ([num_draft_tokens, vocab]), or
