@@ -1,4 +1,4 @@
-"""LLMEngine: the loop — admit requests, then step: propose → schedule → execute → apply → trace.
+"""LLMEngine: the loop — admit requests, then step: schedule → execute → apply → trace.
 
 Owns the live requests and their n-way groups, admission (a request refused raises ValueError and leaves
 every other request untouched), abort (frees only that request's blocks) and the step itself. The parts
@@ -151,9 +151,7 @@ class LLMEngine:
     def free_request(self, request: Request) -> None:
         """Free a finished or aborted request's blocks and its runner state."""
         self.scheduler.finish(request)
-        self.runner.finish_request(request.request_id)
-        if self.spec is not None:
-            self.spec.proposer.free(request.request_id)
+        self.runner.finish_request(request.request_id)  # and its drafter's state
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or self.pending is not None
@@ -165,10 +163,11 @@ class LLMEngine:
         return self.execute_step().produced
 
     def execute_step(self) -> EngineStep:
-        """One step: propose → schedule → execute (launch) → apply → trace. Synchronous: the step is
-        launched and applied here. With ``async_scheduling`` the step launched here is applied by the
-        next call, after that call launched its own (vLLM's async scheduling: step N + 1 is queued
-        before step N's tokens are read; stop checks run one step late). A step in flight whose
+        """One step: schedule → execute (launch; drafts are proposed after sampling) → apply → trace.
+        Synchronous: the step is launched and applied here. With ``async_scheduling`` the step
+        launched here is applied by the next call, after that call launched its own (vLLM's async
+        scheduling: step N + 1 is queued before step N's tokens are read; stop checks run one step
+        late). A step in flight whose
         requests cannot continue without the host (engine/in_flight.py) is read first, launching
         nothing: the next call then runs as the synchronous engine does."""
         prev, self.pending = self.pending, None
@@ -203,7 +202,8 @@ class LLMEngine:
         return self._launch(prev)
 
     def _launch(self, prev: InFlightStep | None) -> InFlightStep | None:
-        """Propose, schedule and launch one step (None: nothing to run; the idle step is traced)."""
+        """Schedule and launch one step (None: nothing to run; the idle step is traced). The drafts it
+        verifies came back with the last step read (``Scheduler.update_draft_token_ids``)."""
         t0 = time.perf_counter()
         self.kv.begin_step()
         k = propose_s = 0
