@@ -214,3 +214,43 @@ def test_stop_straddling_min_tokens_stops_the_request(metaspace_llm):
     final = finals[0].outputs[0]
     assert (final.finish_reason, final.stop_reason) == ("stop", stop)
     assert final.text == full[:pos] == texts[(0, 0)]
+
+
+def test_detokenizer_text_is_transformers_decode(tmp_path):
+    """The detokenizer's decoder (the Rust backend's decode, called directly, for a plain fast tokenizer)
+    gives transformers' ``decode`` text for every window it may decode: many prompts' tokens, random
+    token ids (invalid and partial UTF-8), multi-byte characters cut anywhere, special tokens kept or
+    skipped; a tokenizer that cleans up spaces keeps transformers' decode."""
+    import random
+
+    from minirunner.assets import default_model_dir
+    from minirunner.engine.detokenizer import decoder_for
+    from minirunner.tokenizer import load_tokenizer
+
+    texts = [MULTIBYTE, "ROMEO:\nBut soft, what light", "  spaces  and\ttabs\n\n", "ü🙂日本", "a</s>b<s>"]
+    rng = random.Random(0)
+    for tok in (_byte_level_tokenizer(tmp_path, 270), load_tokenizer(default_model_dir())):
+        decode = decoder_for(tok)
+        assert decode == tok.backend_tokenizer.decode  # the fast path is taken
+        sequences = [tok.encode(t, add_special_tokens=False) for t in texts]
+        sequences += [[rng.randrange(tok.vocab_size) for _ in range(rng.randrange(1, 12))]
+                      for _ in range(300)]
+        for ids in sequences:
+            for i in range(len(ids)):
+                for j in range(i + 1, min(len(ids), i + 8) + 1):
+                    for skip in (True, False):
+                        assert decode(ids[i:j], skip) == tok.decode(ids[i:j], skip_special_tokens=skip)
+        # a whole incremental run gives transformers' decode of the output, streamed exactly
+        ids = tok.encode(MULTIBYTE, add_special_tokens=False)
+        detok = IncrementalDetokenizer(tok)
+        sent = ""
+        for t in ids:
+            detok.append(t)
+            sent += detok.take_delta()
+        detok.finish()
+        sent += detok.take_delta()
+        assert sent == detok.output_text == tok.decode(ids, skip_special_tokens=True)
+    cleaning = _byte_level_tokenizer(tmp_path / "clean", 270)
+    cleaning.clean_up_tokenization_spaces = True
+    assert decoder_for(cleaning) != cleaning.backend_tokenizer.decode
+    assert decoder_for(cleaning)([5, 6], True) == cleaning.decode([5, 6], skip_special_tokens=True)

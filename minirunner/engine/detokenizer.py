@@ -14,6 +14,21 @@ _REPLACEMENT = "\ufffd"  # what a decoder yields for an incomplete UTF-8 sequenc
 PROMPT_CONTEXT_TOKENS = 5
 
 
+def decoder_for(tokenizer):
+    """``decode(ids, skip_special_tokens)`` giving ``tokenizer.decode``'s text. For a fast tokenizer whose
+    decode is transformers' own and cleans up no spaces, that text is its Rust ``backend_tokenizer``'s
+    ``decode``, called directly (transformers' wrapper costs more than the decoding of a few tokens)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        from transformers import PreTrainedTokenizerFast
+
+        mro = type(tokenizer).__mro__
+        below = mro[:mro.index(PreTrainedTokenizerFast)] if PreTrainedTokenizerFast in mro else None
+        if below is not None and not any("decode" in vars(c) or "_decode" in vars(c) for c in below):
+            return backend.decode  # no subclass decodes its own way
+    return lambda ids, skip_special_tokens: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
 class IncrementalDetokenizer:
     """Per-request text state.
 
@@ -25,7 +40,7 @@ class IncrementalDetokenizer:
     decodes, keeps the space of the first output token (" glit", not "glit").
     """
 
-    __slots__ = ("tokenizer", "skip_special_tokens", "stop", "include_stop", "min_tokens",
+    __slots__ = ("tokenizer", "decoder", "skip_special_tokens", "stop", "include_stop", "min_tokens",
                  "token_ids", "prefix_offset", "read_offset", "_text", "num_sent", "finished",
                  "num_context")
 
@@ -33,6 +48,7 @@ class IncrementalDetokenizer:
                  include_stop_str_in_output: bool = False, min_tokens: int = 0,
                  prompt_token_ids: list[int] = ()):
         self.tokenizer = tokenizer
+        self.decoder = decoder_for(tokenizer)
         self.skip_special_tokens = skip_special_tokens
         self.stop = list(stop)
         self.include_stop = include_stop_str_in_output
@@ -47,7 +63,7 @@ class IncrementalDetokenizer:
         self.finished = False
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        return self.decoder(ids, self.skip_special_tokens)
 
     @property
     def output_text(self) -> str:

@@ -1,7 +1,8 @@
 """AsyncLLM: one LLMEngine shared by many concurrent callers (vLLM's name), for the OpenAI server.
 
 Owns the engine loop: one background thread alone calls the engine (add_request / abort / step), callers
-submit from any coroutine or thread and get each request's outputs, as produced, on an asyncio queue.
+submit from any coroutine or thread and get each request's outputs, as produced, through its
+RequestOutputCollector (output_collector.py: deltas a slow caller has not taken yet are merged).
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ import queue
 import threading
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 from minirunner.engine.engine import LLMEngine
 from minirunner.engine.input_processor import validate_batch
+from minirunner.entrypoints.output_collector import DeltaOutput, RequestOutputCollector, wake
 from minirunner.llm import LLM
-from minirunner.outputs import RequestOutput
 from minirunner.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -25,36 +25,6 @@ logger = logging.getLogger(__name__)
 
 class EngineDeadError(RuntimeError):
     """The engine loop has stopped (shutdown); no request can be served."""
-
-
-@dataclass
-class DeltaOutput:
-    """What one completion of a request produced in one engine step. ``logprobs``: the new tokens'
-    {token id: Logprob} dicts when the request asked for logprobs. ``output``: the whole RequestOutput,
-    set on the delta that finishes the request's last completion."""
-
-    index: int  # which of the request's n completions
-    token_ids: list[int]
-    text: str
-    finished: bool
-    finish_reason: str | None = None
-    logprobs: list | None = None
-    output: RequestOutput | None = field(default=None, repr=False)
-
-
-@dataclass(eq=False)
-class _Stream:
-    """One request's delivery: the caller's event loop and queue, and how many logprobs were sent."""
-
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
-    sent_logprobs: dict[int, int] = field(default_factory=dict)
-
-    def put(self, item) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
-            pass
 
 
 class AsyncLLM:
@@ -68,7 +38,7 @@ class AsyncLLM:
         self.engine: LLMEngine = llm.engine
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._streams: dict[str, _Stream] = {}  # touched by the engine thread only
+        self._streams: dict[str, RequestOutputCollector] = {}  # touched by the engine thread only
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="minirunner-engine", daemon=True)
         self._thread.start()
@@ -93,11 +63,20 @@ class AsyncLLM:
                        request_id: str | None = None) -> AsyncIterator[DeltaOutput]:
         """Queue one request (a prompt in any of vLLM's forms) and yield its outputs as the engine
         produces them; the last one has ``output`` set. Raises ValueError for a refused request."""
+        async for deltas in self.generate_batches(prompt, params, request_id):
+            for delta in deltas:
+                yield delta
+
+    async def generate_batches(self, prompt, params: SamplingParams,
+                               request_id: str | None = None) -> AsyncIterator[list[DeltaOutput]]:
+        """As ``generate``, but yields everything produced since the caller last resumed: at most one
+        delta per completion, several steps' tokens merged when the caller was slower than the engine
+        (so a caller writing one chunk per batch writes fewer, larger chunks under load)."""
         request_id = request_id or uuid.uuid4().hex
         loop = asyncio.get_running_loop()
-        stream = _Stream(loop, asyncio.Queue())
+        collector = RequestOutputCollector(loop)
         added: asyncio.Future = loop.create_future()
-        self._send(("add", request_id, prompt, params, stream, added))
+        self._send(("add", request_id, prompt, params, collector, added))
         finished = False
         try:
             try:
@@ -105,15 +84,14 @@ class AsyncLLM:
             except Exception:
                 finished = True
                 raise
-            while True:
-                item = await stream.queue.get()
-                if isinstance(item, BaseException):
+            while not finished:
+                try:
+                    deltas = collector.get_nowait() or await collector.get()
+                except Exception:  # the engine's error for this request (a cancellation is not)
                     finished = True
-                    raise item
-                finished = item.output is not None
-                yield item
-                if finished:
-                    return
+                    raise
+                finished = deltas[-1].output is not None
+                yield deltas
         finally:
             if not finished and self.is_running:  # the caller left early or was cancelled
                 self.abort(request_id)
@@ -195,14 +173,14 @@ class AsyncLLM:
                     self.engine.abort_all([rid])
                     del self._streams[rid]
                 continue
-            _, rid, prompt, params, stream, added = command
+            _, rid, prompt, params, collector, added = command
             try:
                 self.engine.add_request(prompt, params, request_id=rid)
             except Exception as e:  # a refused request: only its caller hears of it
-                _set_result(added, e, stream.loop)
+                _set_result(added, e, collector.loop)
                 continue
-            self._streams[rid] = stream
-            _set_result(added, None, stream.loop)
+            self._streams[rid] = collector
+            _set_result(added, None, collector.loop)
         return True
 
     def _step(self) -> None:
@@ -218,41 +196,37 @@ class AsyncLLM:
             self._fail(failed, e)
             return
         last = {request.group_id: i for i, (request, _) in enumerate(produced)}
-        batches: dict[asyncio.AbstractEventLoop, list] = {}  # one wake-up per caller loop per step
+        waiting: dict[asyncio.AbstractEventLoop, list] = {}  # one wake-up per caller loop per step
         for i, (request, new_tokens) in enumerate(produced):
             gid = request.group_id
-            stream = self._streams.get(gid)
-            if stream is None:
+            collector = self._streams.get(gid)
+            if collector is None:
                 continue
             logprobs = None
             if request.logprobs is not None:
-                sent = stream.sent_logprobs.get(request.index, 0)
+                sent = collector.sent_logprobs.get(request.index, 0)
                 logprobs = list(request.logprobs[sent:])
-                stream.sent_logprobs[request.index] = len(request.logprobs)
+                collector.sent_logprobs[request.index] = len(request.logprobs)
             output = None
             if last[gid] == i and engine.group_finished(gid):
                 output = engine.pop_finished(gid)
                 del self._streams[gid]
             delta = DeltaOutput(request.index, list(new_tokens), engine.take_text_delta(request),
                                 request.is_finished, request.finish_reason, logprobs, output)
-            batches.setdefault(stream.loop, []).append((stream.queue, delta))
-        for loop, items in batches.items():
-            try:
-                loop.call_soon_threadsafe(_deliver, items)
-            except RuntimeError:  # that caller's loop is closed: nobody is listening any more
-                pass
+            waiter = collector.put(delta)
+            if waiter is not None:
+                waiting.setdefault(collector.loop, []).append(waiter)
+        for loop, waiters in waiting.items():
+            wake(loop, waiters)
 
     def _fail(self, request_ids: list[str], error: BaseException) -> None:
         self.engine.abort_all(request_ids)
         for rid in request_ids:
-            stream = self._streams.pop(rid, None)
-            if stream is not None:
-                stream.put(error)
-
-
-def _deliver(items: list) -> None:
-    for q, item in items:
-        q.put_nowait(item)
+            collector = self._streams.pop(rid, None)
+            if collector is not None:
+                waiter = collector.put_error(error)
+                if waiter is not None:
+                    wake(collector.loop, [waiter])
 
 
 def _set_result(future: asyncio.Future, error: BaseException | None,

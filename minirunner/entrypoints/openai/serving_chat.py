@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from minirunner.entrypoints.openai.protocol import APIError, ChatCompletionRequest
-from minirunner.entrypoints.openai.serving_engine import OpenAIServing, sse, usage
+from minirunner.entrypoints.openai.serving_engine import OpenAIServing, usage
+from minirunner.entrypoints.openai.sse import ChunkHead, sse
 from minirunner.tokenizer import render_chat
 
 
@@ -84,19 +85,25 @@ class OpenAIServingChat(OpenAIServing):
             yield sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                             "logprobs": None, "finish_reason": None}]})
         prompt_tokens, completion_tokens = len(processed[0].token_ids), 0
-        async for _, delta in self.run(processed, request_id):
-            completion_tokens += len(delta.token_ids)
-            lp = chat_logprobs(delta.token_ids, delta.logprobs, k) \
-                if k is not None and delta.logprobs else None
-            if not (delta.text or delta.finished or lp):
-                continue
-            chunk = {**head, "choices": [{"index": delta.index,
-                                          "delta": {"content": delta.text} if delta.text else {},
-                                          "logprobs": lp,
-                                          "finish_reason": delta.finish_reason if delta.finished else None}]}
-            if include_usage:
-                chunk["usage"] = None
-            yield sse(chunk)
+        fast = ChunkHead(head, ', "usage": null' if include_usage else "")
+        async for batch in self.run_batches(processed, request_id):
+            events = []  # every chunk of one wake-up, written at once
+            for _, delta in batch:
+                completion_tokens += len(delta.token_ids)
+                reason = delta.finish_reason if delta.finished else None
+                if k is None or not delta.logprobs:
+                    if delta.text or delta.finished:
+                        events.append(fast.chat(delta.index, delta.text, reason))
+                    continue
+                lp = chat_logprobs(delta.token_ids, delta.logprobs, k)
+                chunk = {**head, "choices": [{"index": delta.index,
+                                              "delta": {"content": delta.text} if delta.text else {},
+                                              "logprobs": lp, "finish_reason": reason}]}
+                if include_usage:
+                    chunk["usage"] = None
+                events.append(sse(chunk))
+            if events:
+                yield "".join(events)
         if include_usage:
             yield sse({**head, "choices": [], "usage": usage(prompt_tokens, completion_tokens)})
         yield sse("[DONE]")

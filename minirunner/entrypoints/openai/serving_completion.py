@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from minirunner.entrypoints.openai.protocol import APIError, CompletionRequest
-from minirunner.entrypoints.openai.serving_engine import OpenAIServing, sse, usage
+from minirunner.entrypoints.openai.serving_engine import OpenAIServing, usage
+from minirunner.entrypoints.openai.sse import ChunkHead, sse
 
 
 def completion_logprobs(token_ids: list[int], logprobs: list[dict], k: int, offset: int = 0) -> dict:
@@ -78,21 +79,30 @@ class OpenAIServingCompletion(OpenAIServing):
                 for j in range(n):
                     yield sse({**head, "choices": [{"index": i * n + j, "text": text, "logprobs": None,
                                                     "finish_reason": None}]})
-        async for i, delta in self.run(processed, request_id):
-            index = i * n + delta.index
-            completion_tokens += len(delta.token_ids)
-            if not (delta.text or delta.token_ids or delta.finished):
-                continue
-            lp = None
-            if request.logprobs is not None and delta.logprobs is not None:
-                lp = completion_logprobs(delta.token_ids, delta.logprobs, request.logprobs,
-                                         offsets.get(index, 0))
-                offsets[index] = offsets.get(index, 0) + sum(len(t) for t in lp["tokens"])
-            chunk = {**head, "choices": [{"index": index, "text": delta.text, "logprobs": lp,
-                                          "finish_reason": delta.finish_reason if delta.finished else None}]}
-            if include_usage:
-                chunk["usage"] = usage(prompt_tokens, completion_tokens) if continuous else None
-            yield sse(chunk)
+        fast = ChunkHead(head, ', "usage": null' if include_usage else "")
+        async for batch in self.run_batches(processed, request_id):
+            events = []  # every chunk of one wake-up, written at once
+            for i, delta in batch:
+                index = i * n + delta.index
+                completion_tokens += len(delta.token_ids)
+                if not (delta.text or delta.token_ids or delta.finished):
+                    continue
+                reason = delta.finish_reason if delta.finished else None
+                if delta.logprobs is None and not continuous:
+                    events.append(fast.completion(index, delta.text, reason))
+                    continue
+                lp = None
+                if request.logprobs is not None and delta.logprobs is not None:
+                    lp = completion_logprobs(delta.token_ids, delta.logprobs, request.logprobs,
+                                             offsets.get(index, 0))
+                    offsets[index] = offsets.get(index, 0) + sum(len(t) for t in lp["tokens"])
+                chunk = {**head, "choices": [{"index": index, "text": delta.text, "logprobs": lp,
+                                              "finish_reason": reason}]}
+                if include_usage:
+                    chunk["usage"] = usage(prompt_tokens, completion_tokens) if continuous else None
+                events.append(sse(chunk))
+            if events:
+                yield "".join(events)
         if include_usage:
             yield sse({**head, "choices": [], "usage": usage(prompt_tokens, completion_tokens)})
         yield sse("[DONE]")

@@ -1,5 +1,5 @@
 """What both OpenAI endpoints share: the model check, validating prompts against the context, running
-several prompts of one request concurrently, usage, and Server-Sent Events framing.
+several prompts of one request concurrently (their outputs in batches, for one write per batch), usage.
 
 Owns turning a parsed request into engine requests; never formats an endpoint's own response.
 """
@@ -7,7 +7,6 @@ Owns turning a parsed request into engine requests; never formats an endpoint's 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -15,11 +14,6 @@ from collections.abc import AsyncIterator
 from minirunner.entrypoints.async_llm import AsyncLLM, DeltaOutput
 from minirunner.entrypoints.openai.protocol import APIError, SamplingFields
 from minirunner.sampling_params import SamplingParams
-
-
-def sse(data: dict | str) -> str:
-    """One Server-Sent Event: ``data: <json>`` and a blank line."""
-    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -69,18 +63,27 @@ class OpenAIServing:
     async def run(self, processed: list, request_id: str) -> AsyncIterator[tuple[int, DeltaOutput]]:
         """(prompt index, delta) for every prompt, as the engine produces them. Leaving early (or being
         cancelled) aborts every prompt's request."""
+        async for batch in self.run_batches(processed, request_id):
+            for pair in batch:
+                yield pair
+
+    async def run_batches(self, processed: list,
+                          request_id: str) -> AsyncIterator[list[tuple[int, DeltaOutput]]]:
+        """As ``run``, but everything produced since the caller last resumed, at once (deltas of one
+        completion merged): a streaming endpoint writes it in one piece. A prompt's finishing delta
+        comes after its other deltas."""
         if len(processed) == 1:
-            async for delta in self.engine.generate(processed[0], processed[0].params, request_id):
-                yield 0, delta
+            async for deltas in self.engine.generate_batches(processed[0], processed[0].params, request_id):
+                yield [(0, d) for d in deltas]
             return
         merged: asyncio.Queue = asyncio.Queue()
 
         async def pump(i: int, prompt) -> None:
             try:
-                async for delta in self.engine.generate(prompt, prompt.params, f"{request_id}-{i}"):
-                    await merged.put((i, delta))
+                async for deltas in self.engine.generate_batches(prompt, prompt.params, f"{request_id}-{i}"):
+                    merged.put_nowait((i, deltas))
             except BaseException as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
-                await merged.put((i, e))
+                merged.put_nowait((i, e))
                 if isinstance(e, asyncio.CancelledError):
                     raise
 
@@ -88,12 +91,16 @@ class OpenAIServing:
         left = len(tasks)
         try:
             while left:
-                i, item = await merged.get()
-                if isinstance(item, BaseException):
-                    raise item
-                if item.output is not None:
-                    left -= 1
-                yield i, item
+                items = [await merged.get()]
+                while not merged.empty():
+                    items.append(merged.get_nowait())
+                batch = []
+                for i, deltas in items:
+                    if isinstance(deltas, BaseException):
+                        raise deltas
+                    left -= deltas[-1].output is not None
+                    batch.extend((i, d) for d in deltas)
+                yield batch
         finally:
             for t in tasks:
                 t.cancel()
