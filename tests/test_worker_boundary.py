@@ -39,8 +39,8 @@ def test_each_step_crosses_as_data_and_the_worker_rows_follow_the_requests(pair)
     schedule = engine.scheduler.schedule
     seen = []
 
-    def schedule_and_check():
-        step = schedule()
+    def schedule_and_check(*args):
+        step = schedule(*args)
         _only_data(step.output)
         seen.append(step.output)
         return step

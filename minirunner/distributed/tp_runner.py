@@ -31,9 +31,9 @@ class TPModelRunner(ModelRunner):
         raise ValueError("graph_mode 'compile' and 'cuda' are not supported with tensor_parallel_size > 1 "
                          "(the workers run eager steps); pass graph_mode='none'")
 
-    def execute(self, scheduler_output, draft_probs: torch.Tensor | None = None, prev=None):
+    def execute(self, scheduler_output, prev=None):
         step = super().execute
-        return self.group.run_posted(lambda: step(scheduler_output, draft_probs, prev))
+        return self.group.run_posted(lambda: step(scheduler_output, prev))
 
     def run_model(self, inputs):
         self.group.post("forward", StepBatch.of_inputs(inputs))

@@ -87,6 +87,8 @@ def build_engine(config: EngineConfig, mc: ModelConfig) -> EngineParts:
                              0 if spec_config is None else spec_config.max_num_speculative_tokens,
                              draft_q=spec_config is not None and spec_config.method == "draft_model")
     spec = None if spec_config is None else Speculator(spec_config, config, num_blocks)
+    if spec is not None:  # the runner proposes after sampling
+        runner.set_proposer(spec.proposer)
     return EngineParts(model, spec_config, num_blocks, backend, kv,
                        Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens,
                                  config.scheduling_policy), runner, spec,

@@ -1,4 +1,4 @@
-"""LLMEngine: the loop — admit requests, then step: propose → schedule → execute → apply → trace.
+"""LLMEngine: the loop — admit requests, then step: schedule → execute → apply → trace.
 
 Owns the live requests and their n-way groups, admission (a request refused raises ValueError and leaves
 every other request untouched), abort (frees only that request's blocks) and the step itself. The parts
@@ -151,9 +151,7 @@ class LLMEngine:
     def free_request(self, request: Request) -> None:
         """Free a finished or aborted request's blocks and its runner state."""
         self.scheduler.finish(request)
-        self.runner.finish_request(request.request_id)
-        if self.spec is not None:
-            self.spec.proposer.free(request.request_id)
+        self.runner.finish_request(request.request_id)  # and its drafter's state
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or self.pending is not None
@@ -165,10 +163,11 @@ class LLMEngine:
         return self.execute_step().produced
 
     def execute_step(self) -> EngineStep:
-        """One step: propose → schedule → execute (launch) → apply → trace. Synchronous: the step is
-        launched and applied here. With ``async_scheduling`` the step launched here is applied by the
-        next call, after that call launched its own (vLLM's async scheduling: step N + 1 is queued
-        before step N's tokens are read; stop checks run one step late). A step in flight whose
+        """One step: schedule → execute (launch; drafts are proposed after sampling) → apply → trace.
+        Synchronous: the step is launched and applied here. With ``async_scheduling`` the step
+        launched here is applied by the next call, after that call launched its own (vLLM's async
+        scheduling: step N + 1 is queued before step N's tokens are read; stop checks run one step
+        late). A step in flight whose
         requests cannot continue without the host (engine/in_flight.py) is read first, launching
         nothing: the next call then runs as the synchronous engine does."""
         prev, self.pending = self.pending, None
@@ -203,15 +202,15 @@ class LLMEngine:
         return self._launch(prev)
 
     def _launch(self, prev: InFlightStep | None) -> InFlightStep | None:
-        """Propose, schedule and launch one step (None: nothing to run; the idle step is traced)."""
+        """Schedule and launch one step (None: nothing to run; the idle step is traced). The drafts it
+        verifies came back with the last step read (``Scheduler.update_draft_token_ids``)."""
         t0 = time.perf_counter()
         self.kv.begin_step()
-        propose_s = 0.0
-        if self.spec is not None:  # a finished request's draft KV went back in free_request
-            propose_s = self.spec.propose(self.scheduler.running,
-                                          {rid for rid, r in self.requests.items() if not r.is_finished},
-                                          self.scheduler.may_join())
-        sched = self.scheduler.schedule()
+        k = propose_s = 0
+        if self.spec is not None:  # the drafts scheduled now were proposed after the last step sampled
+            k = self.spec.plan(self.scheduler.running, self.scheduler.may_join())
+            propose_s = self.spec.propose_s
+        sched = self.scheduler.schedule(k)
         self.metrics.record_schedule(len(sched.preempted))
         for request_id in sched.preempted:
             self.runner.free_request(request_id)
@@ -222,11 +221,10 @@ class LLMEngine:
             return None
         t1 = time.perf_counter()
         try:
-            draft_probs = self.spec.draft_probs(sched.scheduled) if self.spec is not None else None
             copies = self.kv.take_copies()  # copy-on-write of shared blocks, before any write
             self.runner.copy_blocks([c[0] for c in copies], [c[1] for c in copies])
             with sync_check(self.check_no_sync and prev is not None, self.runner.device):
-                output = self.runner.execute(sched.output, draft_probs,
+                output = self.runner.execute(sched.output,
                                              prev.output.prev_sampled() if prev is not None else None)
         except BaseException:
             self._abort_failed([s.request for s in sched.scheduled])
@@ -265,8 +263,10 @@ class LLMEngine:
             verify_s = out.device_s if out.device_s is not None else step.verify_s
             spec_runs = self.spec.verified([s for s, _ in live], [run for _, run in live], self.kv,
                                            step.propose_s, verify_s, trim)
+            drafts = self.spec.take_drafts(out)
             if step.chained:
-                self.chain.applied(step.sched, out.runs, end_chain)
+                drafts = self.chain.applied(step.sched, out.runs, end_chain)
+            self.scheduler.update_draft_token_ids(drafts)
         occupancy = self.tracer.occupancy()  # the step's peak: before finished requests free blocks
         for request in applied.done:
             self.free_request(request)

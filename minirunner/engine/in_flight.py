@@ -5,8 +5,8 @@ Owns that record and the rule only; the engine's loop (engine/engine.py) launche
 A request may be scheduled again while its previous step is in flight when the next step needs nothing
 of that step but the one token it samples, which the device feeds (worker/async_output.py): not when
 the step verified drafts (how many were accepted is read on the host; a draft-model speculator's
-steady batch continues on the device instead, spec_decode/draft_chain.py) or the speculator would draft
-for the request now (it reads the request's tokens), not when completion 0 of an
+steady batch continues on the device instead, spec_decode/draft_chain.py) or the step drafts for the
+next one (the runner proposes from the tokens it read), not when completion 0 of an
 n > 1 group is about to fork, and not when the host-side logits processors (penalties, min_tokens,
 logit bias, bad words, min_p) must see the token first.
 """

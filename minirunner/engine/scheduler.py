@@ -102,7 +102,18 @@ class Scheduler:
             if s.draft_token_ids:
                 s.request.num_computed_tokens -= len(s.draft_token_ids) - (len(run) - 1)
 
-    def schedule(self) -> ScheduledStep:
+    def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
+        """The drafts the worker proposed after a step sampled (``RunnerOutput.draft_token_ids``), for
+        the next step (vLLM's ``update_draft_token_ids``). A running request not in it gets none, and so
+        does one whose next tokens are not all on the host (a step launched ahead is in flight)."""
+        for request in self.running:
+            drafts = draft_token_ids.get(request.request_id)
+            ready = request.num_output_placeholders == 0 \
+                and request.num_computed_tokens == request.num_tokens - 1
+            request.spec_token_ids = drafts if drafts and ready else []
+
+    def schedule(self, num_spec_tokens: int = 0) -> ScheduledStep:
+        """The next step. ``num_spec_tokens``: the drafts its worker proposes after sampling (k)."""
         out = ScheduledStep()
         budget = self.max_num_batched_tokens
 
@@ -131,6 +142,7 @@ class Scheduler:
                 # a short budget drops the last drafts; cache_full_blocks never reaches them (it stops
                 # at the request's known tokens), so unverified tokens stay out of the prefix cache
                 drafts = request.spec_token_ids[:max(0, num_new - num_known)]
+                request.spec_token_ids = []  # scheduled: the worker proposes anew after this step
                 out.scheduled.append(ScheduledRequest(request, num_new, drafts))
                 budget -= num_new
                 i += 1
@@ -174,6 +186,7 @@ class Scheduler:
                 f"waiting and {self.kv.pool.num_free_blocks} of {self.kv.pool.num_blocks} KV blocks "
                 "free; this is a bug: please report it with the engine's configuration")
         out.output = self.sent.build(out.scheduled, self.kv.table, out.preempted)
+        out.output.num_spec_tokens = num_spec_tokens
         return out
 
     def may_join(self) -> list[Request]:

@@ -44,7 +44,7 @@ class WorkerRowsSent:
             if sent is None:
                 out.scheduled_new_reqs.append(NewRequestData(
                     rid, list(r.prompt_token_ids), r.params, r.seed, list(table.blocks), start,
-                    list(r.output_token_ids), r.eos_token_ids, _prompt_logprobs_from(r)))
+                    list(r.output_token_ids), r.eos_token_ids, _prompt_logprobs_from(r), r.max_len))
             else:
                 replace = sent[0] is not table or sent[1] != table.version
                 cached.req_ids.append(rid)

@@ -35,6 +35,8 @@ from minirunner.engine.request import Request
 from minirunner.engine.scheduler import ScheduledRequest, ScheduledStep
 from minirunner.spec_decode.async_utils import ChainState, sync_check
 from minirunner.spec_decode.draft_model import draft_sampling_params, draw_drafts
+from minirunner.spec_decode.proposer import DraftInput
+from minirunner.spec_decode.speculator import needs_plain_sampling
 from minirunner.worker.async_output import AsyncOutput
 from minirunner.worker.cudagraph import GraphKey, GraphKind
 from minirunner.worker.input_batch import graph_rows
@@ -88,11 +90,12 @@ class DraftChain:
         self.scheduler.update_after_launch(step.sched)
         return step
 
-    def applied(self, sched: ScheduledStep, runs: list[list[int]], end: bool) -> None:
+    def applied(self, sched: ScheduledStep, runs: list[list[int]], end: bool) -> dict[str, list[int]]:
         """A chained step was read and applied (drafts rolled back): the draft cache holds each live
         request's verified tokens up to the last (all but the last two when every draft passed);
         full verified blocks join the prefix cache. ``end``: nothing chained follows — give back the
-        blocks held for the worst case and hand the draft's sequences back to the synchronous proposer."""
+        blocks held for the worst case, hand the draft's sequences back to the synchronous proposer and
+        return the drafts of the step that follows (the chain's own steps propose on the device)."""
         for s, run in zip(sched.scheduled, runs, strict=True):
             r = s.request
             if r.is_finished:
@@ -108,6 +111,24 @@ class DraftChain:
                     seq.tokens = list(r.all_token_ids)
                     seq.num_verified = len(seq.tokens)
             self.chain.clear()
+            return self._drafts_after_segment()
+        return {}
+
+    def _drafts_after_segment(self) -> dict[str, list[int]]:
+        """Drafts for the running requests whose tokens are all on the host, as the runner proposes
+        after a step it ran itself."""
+        running = self.scheduler.running
+        if any(needs_plain_sampling(r) for r in running) \
+                or any(needs_plain_sampling(r) for r in self.scheduler.may_join()):
+            return {}
+        k = self.spec.choose_k(len(running))
+        inputs, ks = [], []
+        for r in running:
+            n = min(k, r.max_len - r.num_tokens - 1)
+            if n > 0 and not r.num_output_placeholders and r.num_computed_tokens == r.num_tokens - 1:
+                inputs.append(DraftInput(r.request_id, r.all_token_ids, r.params, r.seed))
+                ks.append(n)
+        return self.target.drafter.propose_inputs(inputs, ks)
 
     # -- when a step may be launched ------------------------------------------------------------
     def _plan(self, state: ChainState | None) -> tuple[int, int] | None:

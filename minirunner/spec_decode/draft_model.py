@@ -22,7 +22,6 @@ import torch
 from minirunner.attention import make_backend
 from minirunner.config import EngineConfig, ModelConfig
 from minirunner.core.host_copy import to_device
-from minirunner.engine.request import Request
 from minirunner.engine.scheduler import ScheduledRequest
 from minirunner.engine.sequence import RunnableSequence
 from minirunner.engine.step_data import WorkerRowsSent
@@ -32,7 +31,7 @@ from minirunner.kernels.sampling import sample, sample_ref
 from minirunner.kv.manager import KVCacheManager
 from minirunner.model.loader import load_model
 from minirunner.sampling_params import SamplingParams
-from minirunner.spec_decode.proposer import Proposer
+from minirunner.spec_decode.proposer import DraftInput, Proposer
 from minirunner.worker.model_runner import ModelRunner
 
 _SEED_MASK = (1 << 63) - 1
@@ -55,6 +54,7 @@ class DraftSequence(RunnableSequence):
     params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
     seed: int = 0
     eos_token_ids: frozenset[int] = frozenset()
+    max_len: int = 0  # the draft's rows propose nothing: no cap to send
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -100,11 +100,6 @@ class DraftModelProposer(Proposer):
         self._chain = None  # (inputs, sampled tokens) of the last pass, while the next may follow it
 
     # -- bookkeeping ----------------------------------------------------------------------------
-    def release(self, live_ids: set[str]) -> None:
-        """Free the draft state of requests that are gone (finished or aborted)."""
-        for rid in [r for r in self.seqs if r not in live_ids]:
-            self.free(rid)
-
     def free(self, request_id: str) -> None:
         """Free one request's draft state: its shadow sequence, draft blocks and draft state row (the
         engine calls it when the request finishes or is aborted)."""
@@ -119,11 +114,11 @@ class DraftModelProposer(Proposer):
         sequence (the proposer schedules the draft runner, so it alone writes the shadow's count)."""
         self.seqs[request_id].num_computed_tokens = num_computed_tokens
 
-    def _sync(self, request: Request) -> DraftSequence:
+    def _sync(self, request: DraftInput) -> DraftSequence:
         """Align the shadow sequence with the request's verified tokens, rolling back K/V past the
         first disagreement (rejected drafts) and returning emptied blocks to the pool."""
         seq = self.seqs.setdefault(request.request_id, DraftSequence(request.request_id))
-        verified = request.all_token_ids
+        verified = np.asarray(request.all_token_ids).tolist()
         agree = seq.num_verified
         limit = min(len(seq.tokens), len(verified))
         while agree < limit and seq.tokens[agree] == verified[agree]:
@@ -138,7 +133,7 @@ class DraftModelProposer(Proposer):
 
     # -- proposing ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def propose(self, requests: list[Request], ks: list[int]):
+    def propose(self, requests: list[DraftInput], ks: list[int]):
         """Draft ks[i] tokens for requests[i] (each decode-ready). Returns {request_id: (tokens, q)}
         with q fp32 [len(tokens), vocab], the distribution each token was drawn from; a request the
         draft pool cannot hold gets no drafts this step."""
@@ -243,7 +238,7 @@ class DraftSampling(NamedTuple):
     apply_filters: bool
 
 
-def draft_sampling_params(requests: list[Request], device: torch.device, vocab: int) -> DraftSampling:
+def draft_sampling_params(requests: list[DraftInput], device: torch.device, vocab: int) -> DraftSampling:
     """The draft sampler's parameters for these requests: their own, the seeds salted."""
     def put(values, dtype) -> torch.Tensor:  # staged, pinned copies
         return to_device(np.asarray(values, dtype=dtype), device)

@@ -49,11 +49,8 @@ class NgramProposer(Proposer):
     def __init__(self, min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n
 
-    def release(self, live_ids: set[str]) -> None:
-        """Nothing to free: the lookup keeps no state between steps."""
-
     def free(self, request_id: str) -> None:
-        """Nothing to free (see :meth:`release`)."""
+        """Nothing to free: the lookup keeps no state between steps."""
 
     def propose(self, requests, ks: list[int]) -> dict[str, tuple[list[int], None]]:
         out = {}

@@ -1,27 +1,37 @@
-"""Proposer: what the speculator asks of a way of drafting tokens (a draft model, or n-gram lookup).
+"""Proposer: what the worker asks of a way of drafting tokens (a draft model, or n-gram lookup).
 
-Owns the protocol only; each proposer declares it explicitly.
+Owns the protocol and its input (``DraftInput``: one request's tokens and sampling parameters, as the
+worker's state row holds them); each proposer declares the protocol explicitly.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
-from minirunner.engine.request import Request
+from minirunner.sampling_params import SamplingParams
+
+
+@dataclass(slots=True, eq=False)
+class DraftInput:
+    """One request to draft for: ``all_token_ids`` its tokens, the one just sampled last; ``params``
+    and ``seed`` its own (a draft model samples with them, salted)."""
+
+    request_id: str
+    all_token_ids: np.ndarray | list[int]
+    params: SamplingParams
+    seed: int
 
 
 class Proposer(Protocol):
-    def propose(self, requests: list[Request], ks: list[int]
+    def propose(self, requests: list[DraftInput], ks: list[int]
                 ) -> dict[str, tuple[list[int], torch.Tensor | None]]:
-        """Draft ks[i] tokens for requests[i] (each decode-ready): {request_id: (tokens, q)}, q fp32
-        [len(tokens), vocab] the distribution each was drawn from, or None for one-hot drafts. A request
-        may get fewer tokens, or none."""
-        ...
-
-    def release(self, live_ids: set[str]) -> None:
-        """Free the state of every request not in ``live_ids``."""
+        """Draft ks[i] tokens for requests[i]: {request_id: (tokens, q)}, q fp32 [len(tokens), vocab]
+        the distribution each was drawn from, or None for one-hot drafts. A request may get fewer
+        tokens, or none."""
         ...
 
     def free(self, request_id: str) -> None:

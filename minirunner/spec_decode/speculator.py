@@ -1,30 +1,24 @@
-"""Speculator: the engine's side of speculative decoding — drafts before a step, bookkeeping after it.
+"""Speculator: the engine's side of speculative decoding — how many drafts, and the bookkeeping after.
 
 Owns choosing k for each step (fixed, by batch-size table, or acceptance-driven; 0 while a request that
-runs or may join the step needs the host-side logits processors or logprobs), asking the proposer for
-drafts of every decode-ready running request (fewer near max_tokens / max_model_len), handing the
-draft probabilities to the verify step, and the metrics (per request, engine-wide, per step). Never
-runs the target model, never appends tokens and never touches the target's KV cache (the engine rolls
-back num_computed_tokens through the scheduler; the draft proposer rolls back its own cache).
+runs or may join the step needs the host-side logits processors or logprobs), the gate that drops the
+drafts of a step such a request runs in, and the metrics (per request, engine-wide, per step). The
+drafts themselves are proposed by the worker after sampling (worker/drafter.py, with ``proposer``) and
+reach the scheduler as data (``Scheduler.update_draft_token_ids``). Never runs a model, never appends
+tokens and never touches the target's KV cache (the scheduler rolls back num_computed_tokens).
 """
 
 from __future__ import annotations
 
-import time
-
-import numpy as np
-import torch
-
-from minirunner.core.host_copy import to_device
 from minirunner.engine.request import Request
 from minirunner.engine.scheduler import ScheduledRequest
-from minirunner.kernels.rejection_sampling import one_hot_probs
 from minirunner.spec_decode.config import SpeculativeConfig
 from minirunner.spec_decode.draft_model import DraftModelProposer
 from minirunner.spec_decode.dynamic import AcceptanceDrivenK
 from minirunner.spec_decode.metrics import SpecStats
 from minirunner.spec_decode.ngram import NgramProposer
 from minirunner.worker.logits_processing import needs_logits_processing
+from minirunner.worker.runner_output import RunnerOutput
 
 
 class Speculator:
@@ -37,7 +31,7 @@ class Speculator:
         self.dynamic = AcceptanceDrivenK(config.num_speculative_tokens, config.cost_ratio) \
             if config.dynamic_k == "acceptance" else None
         self.stats = SpecStats()
-        self._probs: dict[str, torch.Tensor] = {}
+        self.propose_s = 0.0  # host time the worker took to propose the drafts now scheduled
 
     def reset_stats(self) -> None:
         """Start the engine-wide metrics afresh (a benchmark measures one run)."""
@@ -49,52 +43,31 @@ class Speculator:
             return self.dynamic.choose(self.stats)
         return self.config.k_for_batch_size(batch_size)
 
-    def propose(self, running: list[Request], live_ids: set[str], joining: list[Request] = ()) -> float:
-        """Set ``spec_token_ids`` on every running request (empty unless it is decode-ready).
-        ``joining``: the waiting requests the coming step may admit (they sample in its verify pass).
-        Returns the seconds it took (host time)."""
-        t0 = time.perf_counter()
-        self.proposer.release(live_ids)
-        self._probs.clear()
-        ready = []
-        for r in running:
-            r.spec_token_ids = []
-            if r.num_computed_tokens == r.num_tokens - 1:
-                ready.append(r)
-        # The rejection sampler knows temperature, top-k and top-p only: while any request of the step
-        # needs the host-side logits processors (bias, pending min_tokens, penalties, min_p) or sampled
-        # logprobs, the step runs without drafts (the plain sampler applies them to every row). That
-        # includes a request admitted into the step: it samples its first token in the same pass.
-        if any(needs_plain_sampling(r) for r in running) or any(needs_plain_sampling(r) for r in joining):
-            ready = []
-        k = self.choose_k(len(running)) if ready else 0
-        if ready and self.dynamic is not None:
-            self.dynamic.advance()
-        # A step emits up to k + 1 tokens: never past max_len (prompt + max_tokens, max_model_len).
-        ks = [max(0, min(k, r.max_len - r.num_tokens - 1)) for r in ready]
-        if any(ks):
-            for rid, (tokens, probs) in self.proposer.propose(ready, ks).items():
-                request = next(r for r in ready if r.request_id == rid)
-                request.spec_token_ids = tokens
-                if probs is not None:
-                    self._probs[rid] = probs
-        return time.perf_counter() - t0
+    def plan(self, running: list[Request], joining: list[Request] = ()) -> int:
+        """Before a step is scheduled: the k its worker proposes after sampling (for the next step).
+        ``joining``: the waiting requests the step may admit (they sample in its verify pass).
 
-    def draft_probs(self, scheduled: list[ScheduledRequest]) -> torch.Tensor | None:
-        """q of every draft token of this step, in order ([num_draft_tokens, vocab]), or None."""
-        if not self._probs:
-            return None  # every draft one-hot (n-gram, or greedy draft passes)
-        rows = []
-        for s in scheduled:
-            if not (s.samples and s.draft_token_ids):
-                continue
-            q = self._probs.get(s.request.request_id)
-            if q is None:  # this request's drafts were greedy: one-hot rows
-                like = next(iter(self._probs.values()))
-                q = one_hot_probs(to_device(np.asarray(s.draft_token_ids, dtype=np.int64), like.device),
-                                  like.shape[-1])
-            rows.append(q[:len(s.draft_token_ids)])
-        return torch.cat(rows) if rows else None
+        The rejection sampler knows temperature, top-k and top-p only: while any request of the step
+        needs the host-side logits processors (bias, pending min_tokens, penalties, min_p) or sampled
+        logprobs, the step runs without drafts (the plain sampler applies them to every row) and none
+        are proposed; the drafts proposed before are dropped here, and cut to this step's k."""
+        if any(needs_plain_sampling(r) for r in running) or any(needs_plain_sampling(r) for r in joining):
+            for r in running:
+                r.spec_token_ids = []
+            return 0
+        k = self.choose_k(len(running))
+        for r in running:  # proposed for the batch of the step before: at most this step's k
+            if len(r.spec_token_ids) > k:
+                r.spec_token_ids = r.spec_token_ids[:k]
+        if k and self.dynamic is not None:
+            self.dynamic.advance()
+        return k
+
+    def take_drafts(self, out: RunnerOutput) -> dict[str, list[int]]:
+        """A step's output was read: its drafts (for the scheduler), their proposing time kept for the
+        step that verifies them (``propose_s``)."""
+        self.propose_s = out.propose_s
+        return out.draft_token_ids
 
     def verified(self, sampling: list[ScheduledRequest], runs: list[list[int]], kv, propose_s: float,
                  verify_s: float, trim: bool = True) -> dict[str, list[int]]:

@@ -28,9 +28,11 @@ from minirunner.kernels._triton import use_triton
 from minirunner.kv.block_table import cdiv
 from minirunner.logprobs import score_prompts
 from minirunner.model.decoder import DecoderLM
+from minirunner.spec_decode.proposer import Proposer
 from minirunner.worker.async_output import AsyncOutput, PrevSampled, StepTimer
 from minirunner.worker.buffers import StepBuffers
 from minirunner.worker.cudagraph import CudaGraphManager, GraphKey, GraphKind
+from minirunner.worker.drafter import Drafter
 from minirunner.worker.input_batch import InputBatch, prepare_input_batch, prepare_next_decode
 from minirunner.worker.runner_output import RunnerOutput, StepGraphInfo
 from minirunner.worker.sampler import Sampler, graph_ready
@@ -65,6 +67,11 @@ class ModelRunner:
         self.sampler = Sampler(self.state, cfg.vocab_size, self.device)
         self.input_prep, self.state_mirror = "host", None
         self.set_input_prep(input_prep)
+        self.drafter: Drafter | None = None
+
+    def set_proposer(self, proposer: Proposer) -> None:
+        """Propose drafts after sampling with ``proposer`` (n-gram, or a draft model's proposer)."""
+        self.drafter = Drafter(proposer, self.state)
 
     def enable_graphs(self, mode: str, sizes: list[int], max_draft_tokens: int = 0, draft_q: bool = False,
                       extra_query_lens: tuple[int, ...] = ()) -> CudaGraphManager:
@@ -110,6 +117,8 @@ class ModelRunner:
     def finish_request(self, request_id: str) -> None:
         """Forget a finished or aborted request: its state row and its logits-processor state."""
         self.sampler.logits_processors.release(request_id)
+        if self.drafter is not None:
+            self.drafter.free(request_id)
         self.state.release(request_id)
 
     def close(self) -> None:
@@ -195,21 +204,28 @@ class ModelRunner:
         return (self.compute_logits(hidden, inputs) if len(inputs.sample_rows) else None), inputs
 
     @torch.inference_mode()
-    def execute(self, scheduler_output: SchedulerOutput, draft_probs: torch.Tensor | None = None,
-                prev: PrevSampled | None = None) -> AsyncOutput:
+    def execute(self, scheduler_output: SchedulerOutput, prev: PrevSampled | None = None) -> AsyncOutput:
         """Launch one step: bring the rows up to date, prepare inputs, run the model (or replay a bucket),
-        sample. Returns as soon as the step is queued: ``get_output()`` of the result is the step's
-        RunnerOutput (nothing is kept on the runner). draft_probs: fp32 [num_draft_tokens, vocab], the
-        draft model's q of every draft token in order, or None (no drafts, or one-hot n-gram drafts).
-        prev: the sampled tokens of the step still in flight, which this step's requests feed (async
-        scheduling), or None."""
-        sched, timer = scheduler_output, StepTimer(self.device)
+        sample; then, when the step asks for drafts (``num_spec_tokens``), propose them from what was
+        sampled (:class:`Drafter`; the step's output is read for it). Returns as soon as the step is
+        queued: ``get_output()`` of the result is the step's RunnerOutput (nothing is kept on the
+        runner). prev: the sampled tokens of the step still in flight, which this step's requests feed
+        (async scheduling), or None."""
+        result = self._launch(scheduler_output, prev)
+        if self.drafter is not None and scheduler_output.num_spec_tokens and result.output.req_ids:
+            self.drafter.propose(scheduler_output, result.get_output())
+        return result
+
+    def _launch(self, sched: SchedulerOutput, prev: PrevSampled | None) -> AsyncOutput:
+        timer = StepTimer(self.device)
         self.update_states(sched)
         graph = self.graph_bucket(sched)
         bucket, query_len = graph if graph is not None else (None, 1)
         inputs = self.prepare_inputs(sched, bucket, query_len, prev)
         out = RunnerOutput(req_ids=[r.req_id for r in inputs.sample_states],
                            num_drafts=inputs.num_drafts.tolist())
+        # the draft model's q of every draft token in order (None: no drafts, or one-hot drafts)
+        draft_probs = self.drafter.draft_probs(sched) if self.drafter is not None else None
         if bucket is not None and query_len > 1:
             runs, out.logits, out.graph = self._replay_verify(bucket, query_len, inputs, draft_probs)
             return AsyncOutput(out, runs.clone(), timer=timer)

@@ -33,7 +33,9 @@ class RunnerOutput:
     [rows, vocab], raw (before penalties, bias and temperature), ``1 + drafts`` rows per request, or None
     when nothing sampled; logprobs: the sampled tokens' scores (None unless a request asked);
     prompt_logprobs: request id -> (first scored prompt position, scores); graph: how the step ran;
-    device_s: seconds the step took on the device (None for a step that was not timed).
+    device_s: seconds the step took on the device (None for a step that was not timed);
+    draft_token_ids: request id -> the drafts proposed after sampling, for the next step (vLLM's
+    ``DraftTokenIds``); propose_s: the host seconds proposing took.
     """
 
     req_ids: list[str] = field(default_factory=list)
@@ -44,6 +46,8 @@ class RunnerOutput:
     prompt_logprobs: dict[str, tuple[int, TokenLogprobs]] = field(default_factory=dict)
     graph: StepGraphInfo = field(default_factory=StepGraphInfo)
     device_s: float | None = None  # the step's device time, set when its output is read
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    propose_s: float = 0.0
 
     def first_logits(self) -> dict[str, torch.Tensor]:
         """request id -> the logits row of the first token it sampled this step (tests and notebooks

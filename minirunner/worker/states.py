@@ -34,6 +34,7 @@ class CachedRequestState:
     token_ids: np.ndarray
     num_tokens: int
     prompt_logprobs_from: int | None = None
+    max_len: int = 0
 
     @property
     def prompt_token_ids(self) -> np.ndarray:
@@ -98,7 +99,7 @@ class RequestStateRows:
         tokens = np.asarray(list(new.prompt_token_ids) + list(new.output_token_ids), dtype=np.int64)
         self.requests[row] = CachedRequestState(
             new.req_id, p, new.seed, new.eos_token_ids, len(new.prompt_token_ids), tokens, len(tokens),
-            new.prompt_logprobs_from)
+            new.prompt_logprobs_from, new.max_len)
         self.num_prompt_logprobs += new.prompt_logprobs_from is not None
         self.write_blocks(row, new.block_ids, replace=True)
         return row

@@ -32,6 +32,7 @@ class NewRequestData:
     output_token_ids: list[int] = field(default_factory=list)
     eos_token_ids: frozenset[int] = frozenset()
     prompt_logprobs_from: int | None = None
+    max_len: int = 0  # prompt + max_tokens, capped at max_model_len: drafts never reach past it
 
 
 @dataclass(slots=True)
@@ -51,7 +52,8 @@ class SchedulerOutput:
     ``new_token_ids``: each request's known query tokens (int64, from position num_computed_tokens);
     ``scheduled_spec_decode_tokens``: the drafts that follow them; ``in_flight_req_ids``: requests
     whose last query token is still on the device (sampled by the step in flight);
-    ``sampling_req_ids``: requests whose query reaches their last token, so the step samples for them."""
+    ``sampling_req_ids``: requests whose query reaches their last token, so the step samples for them;
+    ``num_spec_tokens``: how many drafts the worker proposes after sampling, for the next step (k)."""
 
     scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
     scheduled_cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
@@ -61,6 +63,7 @@ class SchedulerOutput:
     in_flight_req_ids: set[str] = field(default_factory=set)
     sampling_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: list[str] = field(default_factory=list)
+    num_spec_tokens: int = 0
 
     @property
     def total_num_scheduled_tokens(self) -> int:
