@@ -5,6 +5,7 @@ each request rate (Poisson arrivals, the nano workload), and at saturation (ever
 alternates server and offline ``LLM.generate`` runs on the same prompts, ``--pairs`` times. Writes
 ``serve_rate_<r>.json`` per rate, ``serve_vs_offline.json`` and ``serve_latency_vs_rate.png``. Usage:
     python benchmarks/serve_latency.py [--rates 4 12 24] [--num-prompts 64] [--pairs 3]
+Each pair also records CPU seconds (server process, load client, offline) and the 1-minute load average.
 """
 
 from __future__ import annotations
@@ -103,21 +104,29 @@ def main() -> None:
             pairs.append(dict(server_output_tok_per_s=served["output_tok_per_s"],
                               offline_output_tok_per_s=offline,
                               ratio=served["output_tok_per_s"] / offline,
+                              # CPU seconds offline / CPU seconds server and client together: the wall
+                              # ratio a host with no idle core gives (a busy shared host blurs the wall)
+                              cpu_ratio=offline_cpu / (server_cpu + client_cpu),
+                              load_average_1min=os.getloadavg()[0],
                               server_wall_s=duration, server_cpu_s=server_cpu, client_cpu_s=client_cpu,
                               offline_wall_s=offline_s, offline_cpu_s=offline_cpu,
                               server_summary=served))
             print(f"pair {i}: server {served['output_tok_per_s']:.1f} tok/s ({duration:.1f} s wall, "
                   f"{server_cpu:.1f} s CPU), offline {offline:.1f} tok/s ({offline_s:.1f} s wall, "
-                  f"{offline_cpu:.1f} s CPU), ratio {pairs[-1]['ratio']:.3f}")
+                  f"{offline_cpu:.1f} s CPU), ratio {pairs[-1]['ratio']:.3f}, load {os.getloadavg()[0]:.1f}")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-    ratios = [p["ratio"] for p in pairs]
+    ratios, cpu_ratios = [p["ratio"] for p in pairs], [p["cpu_ratio"] for p in pairs]
     saturated = dict(workload=wl.description, num_threads=threads, environment=environment(), pairs=pairs,
-                     ratio_median=float(np.median(ratios)), ratio_min=min(ratios), ratio_max=max(ratios))
+                     ratio_median=float(np.median(ratios)), ratio_min=min(ratios), ratio_max=max(ratios),
+                     cpu_ratio_median=float(np.median(cpu_ratios)), cpu_ratio_min=min(cpu_ratios),
+                     cpu_ratio_max=max(cpu_ratios))
     (out / "serve_vs_offline.json").write_text(json.dumps(saturated, indent=1) + "\n")
     print(f"server / offline output tok/s at saturation: median {saturated['ratio_median']:.3f} "
-          f"(min {min(ratios):.3f}, max {max(ratios):.3f}) over {len(ratios)} alternating pairs")
+          f"(min {min(ratios):.3f}, max {max(ratios):.3f}) over {len(ratios)} alternating pairs; CPU seconds "
+          f"offline / (server + client): median {saturated['cpu_ratio_median']:.3f} "
+          f"(min {min(cpu_ratios):.3f}, max {max(cpu_ratios):.3f})")
     if by_rate:
         plot(by_rate, pairs, out / "serve_latency_vs_rate.png")
 
