@@ -87,3 +87,39 @@ def test_sync_and_async_speculation_give_the_same_tokens(pair, proposer):  # noq
         outs = llm.generate(_prompts(4), params, use_tqdm=False)
         tokens.append([o.outputs[0].token_ids for o in outs])
     assert tokens[0] == tokens[1]
+
+
+def test_a_prefill_chunk_one_token_short_is_followed_by_drafts(pair):  # noqa: F811
+    prompt = [5, 6, 7, 8] * 4 + [5]  # 17 tokens: a budget of 16 leaves the last one for the next step
+    llm = LLM(pair["target"], speculative_config=_spec(pair, "ngram", K),
+              **{**ROOMY, "max_num_batched_tokens": 16})
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    steps = _steps(llm, [prompt], params)
+    (first, out, _), (second, _, _) = steps[0], steps[1]
+    assert list(first.num_scheduled_tokens.values()) == [16] and not out.req_ids  # nothing sampled yet
+    rid = next(iter(first.num_scheduled_tokens))
+    drafts = out.draft_token_ids[rid]
+    assert drafts == ngram_propose(prompt, K, 1, 3) == [6, 7, 8]
+    assert second.scheduled_spec_decode_tokens == {rid: drafts}
+    plain = LLM(pair["target"], **ROOMY)
+    spec = LLM(pair["target"], speculative_config=_spec(pair, "ngram", K),
+               **{**ROOMY, "max_num_batched_tokens": 16})
+    got = spec.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+    assert got == plain.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+
+
+def test_a_request_the_step_ends_gets_no_drafts(pair):  # noqa: F811
+    prompts = _prompts(4)
+    plain = LLM(pair["target"], **ROOMY).generate(prompts, GREEDY, use_tqdm=False)
+    stop_ids = sorted({o.outputs[0].token_ids[2] for o in plain})  # each request stops by the third token
+    params = SamplingParams(temperature=0, max_tokens=12, stop_token_ids=stop_ids)
+    llm = LLM(pair["target"], speculative_config=_spec(pair, "ngram", K), **ROOMY)
+    ended = 0
+    for _, out, live in _steps(llm, prompts, params):
+        if out is None:
+            continue
+        for rid in out.req_ids:
+            if rid not in live:  # ended by this step's tokens (a stop id): nothing to verify after it
+                ended += 1
+                assert rid not in out.draft_token_ids
+    assert ended == len(prompts)

@@ -20,7 +20,7 @@ from minirunner.core.sched.output import SchedulerOutput
 from minirunner.kernels.rejection_sampling import one_hot_probs
 from minirunner.spec_decode.proposer import DraftInput, Proposer
 from minirunner.worker.runner_output import RunnerOutput
-from minirunner.worker.states import RequestStateRows
+from minirunner.worker.states import CachedRequestState, RequestStateRows
 
 
 class Drafter:
@@ -30,18 +30,30 @@ class Drafter:
 
     def propose(self, sched: SchedulerOutput, out: RunnerOutput) -> None:
         """Draft up to ``sched.num_spec_tokens`` tokens for every request that sampled in this step
-        (``out.runs`` read), into ``out.draft_token_ids``; ``out.propose_s`` the host time it took."""
+        (``out.runs`` read), and for every prefill chunk that ended one token short of its request's
+        known tokens (the next step feeds that token with the drafts), into ``out.draft_token_ids``;
+        ``out.propose_s`` the host time it took. A request the step ends (length, EOS, a stop token id)
+        gets none, and its proposer state is freed first (a draft model's pool may be short)."""
         t0 = time.perf_counter()
         state, k = self.state, sched.num_spec_tokens
+        runs = dict(zip(out.req_ids, out.runs, strict=True))
         inputs, ks = [], []
-        for rid, run in zip(out.req_ids, out.runs, strict=True):
+        for rid in sched.num_scheduled_tokens:  # batch order
             if rid in sched.in_flight_req_ids:  # its last token before the run is not on the host
                 continue
-            row = state.requests[state.row_of[rid]]
-            # a step emits up to k + 1 tokens: never past max_len (prompt + max_tokens, max_model_len)
-            n = min(k, row.max_len - row.num_tokens - len(run) - 1)
-            if n > 0:
+            row, run = state.requests[state.row_of[rid]], runs.get(rid)
+            if run is None:  # a prefill chunk: drafts only when one known token is left to feed
+                if row.num_tokens != row.num_known - 1:
+                    continue
+                tokens = row.token_ids[:row.num_known]
+            else:
                 tokens = np.concatenate([row.token_ids[:row.num_tokens], np.asarray(run, dtype=np.int64)])
+                if ends_request(row, len(tokens), run):
+                    self.proposer.free(rid)
+                    continue
+            # a step emits up to k + 1 tokens: never past max_len (prompt + max_tokens, max_model_len)
+            n = min(k, row.max_len - len(tokens) - 1)
+            if n > 0:
                 inputs.append(DraftInput(rid, tokens, row.params, row.seed))
                 ks.append(n)
         out.draft_token_ids = self.propose_inputs(inputs, ks)
@@ -80,3 +92,15 @@ class Drafter:
         """Forget a finished or aborted request's draft state."""
         self.probs.pop(request_id, None)
         self.proposer.free(request_id)
+
+
+def ends_request(row: CachedRequestState, num_tokens: int, run: list[int]) -> bool:
+    """Does ``run`` (the step's emitted tokens, ``num_tokens`` the request's tokens with them) end the
+    request by length, EOS or a stop token id? (The stop checks the worker can make; stop strings are
+    found by the engine's detokenizer.)"""
+    if num_tokens >= row.max_len:
+        return True
+    before = num_tokens - len(run) - row.num_prompt_tokens  # outputs before the run
+    p = row.params
+    return any(before + j + 1 >= p.min_tokens and (t in row.eos_token_ids or t in p.stop_token_ids)
+               for j, t in enumerate(run))

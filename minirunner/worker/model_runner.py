@@ -212,7 +212,7 @@ class ModelRunner:
         runner). prev: the sampled tokens of the step still in flight, which this step's requests feed
         (async scheduling), or None."""
         result = self._launch(scheduler_output, prev)
-        if self.drafter is not None and scheduler_output.num_spec_tokens and result.output.req_ids:
+        if self.drafter is not None and scheduler_output.num_spec_tokens:
             self.drafter.propose(scheduler_output, result.get_output())
         return result
 

@@ -35,6 +35,7 @@ class CachedRequestState:
     num_tokens: int
     prompt_logprobs_from: int | None = None
     max_len: int = 0
+    num_known: int = 0  # tokens the worker knows (a prefill chunk may end before the last of them)
 
     @property
     def prompt_token_ids(self) -> np.ndarray:
@@ -55,6 +56,7 @@ class CachedRequestState:
         self.token_ids[start:start + len(known)] = known
         self.token_ids[start + len(known):end] = drafts
         self.num_tokens = start + len(known)
+        self.num_known = max(self.num_known, self.num_tokens)
 
 
 class RequestStateRows:
@@ -99,7 +101,7 @@ class RequestStateRows:
         tokens = np.asarray(list(new.prompt_token_ids) + list(new.output_token_ids), dtype=np.int64)
         self.requests[row] = CachedRequestState(
             new.req_id, p, new.seed, new.eos_token_ids, len(new.prompt_token_ids), tokens, len(tokens),
-            new.prompt_logprobs_from, new.max_len)
+            new.prompt_logprobs_from, new.max_len, len(tokens))
         self.num_prompt_logprobs += new.prompt_logprobs_from is not None
         self.write_blocks(row, new.block_ids, replace=True)
         return row
