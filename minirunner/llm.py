@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from minirunner.assets import default_model_dir
 from minirunner.config import EngineConfig, ModelConfig, resolve_device, resolve_dtype
+from minirunner.core.gc_heap import FreezesStartupHeap
 from minirunner.engine.engine import LLMEngine
 from minirunner.engine.input_processor import split_prompts, validate_batch
 from minirunner.engine.request_queue import check_priorities
@@ -42,8 +43,7 @@ from minirunner.tokenizer import render_chat
 # A prompt: text, token ids, or vLLM's TextPrompt {"prompt": str} / TokensPrompt {"prompt_token_ids": [...]}
 Prompt = str | list[int] | dict
 
-
-class LLM:
+class LLM(FreezesStartupHeap):
     def __init__(self, model: str | Path | None = None, dtype: str | torch.dtype = "auto",
                  device: str | torch.device = "auto", block_size: int = 16,
                  num_kv_blocks: int | None = None, kv_cache_memory_bytes: int | None = None,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from minirunner.config import EngineConfig, ModelConfig
+from minirunner.core.gc_heap import FreezesStartupHeap
 from minirunner.engine.build import build_engine
 from minirunner.engine.detokenizer import IncrementalDetokenizer
 from minirunner.engine.in_flight import InFlightStep, may_continue
@@ -48,7 +49,7 @@ class EngineStep:
     runner_output: RunnerOutput | None = None
 
 
-class LLMEngine:
+class LLMEngine(FreezesStartupHeap):
     def __init__(self, config: EngineConfig, model_config: ModelConfig | None = None):
         self.model_config = mc = model_config or ModelConfig.from_dir(config.model)
         self.config = config = config.resolved(mc)
