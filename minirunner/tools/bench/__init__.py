@@ -36,7 +36,7 @@ def environment() -> dict:
                 python=platform.python_version(), torch=torch.__version__,
                 transformers=transformers.__version__, torch_threads=torch.get_num_threads(),
                 cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-                compile_cache=str(cache_dir()))
+                compile_cache=str(cache_dir()).replace(str(Path.home()), "~", 1))  # no home path in reports
 
 
 def run_bench(model: str | None = None, workload: str = "nano", num_requests: int = 64,
