@@ -237,6 +237,11 @@ class SamplingParams:
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise ValueError(f"extra_args must be a dict or None, got {self.extra_args!r}")
 
+    def stops_on(self, token: int, num_outputs: int, eos_token_ids: frozenset[int]) -> bool:
+        """Does ``token``, a request's ``num_outputs``-th output token, end it: EOS or a stop token id,
+        once min_tokens outputs are reached (vLLM's rule; stop strings are the detokenizer's)."""
+        return num_outputs >= self.min_tokens and (token in eos_token_ids or token in self.stop_token_ids)
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0

@@ -83,9 +83,8 @@ def check_stop(request: Request, token: int) -> bool:
     include_stop_str_in_output), a stop string with the string."""
     params = request.params
     detok = request.detok
-    past_min = len(request.output_token_ids) >= params.min_tokens
     stop_string = None
-    if past_min and (token in request.eos_token_ids or token in params.stop_token_ids):
+    if params.stops_on(token, len(request.output_token_ids), request.eos_token_ids):
         if detok is not None and params.include_stop_str_in_output:
             detok.append(token)
         request.finish("stop", None if token in request.eos_token_ids else token)

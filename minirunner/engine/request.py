@@ -76,6 +76,12 @@ class Request(RunnableSequence):
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
+    def decode_ready(self) -> bool:
+        """Every token is on the host (none in flight) and all but the last are computed: the next step
+        feeds that one token (and drafts after it)."""
+        return self.num_output_placeholders == 0 and self.num_computed_tokens == self.num_tokens - 1
+
+    @property
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
 

@@ -108,9 +108,7 @@ class Scheduler:
         does one whose next tokens are not all on the host (a step launched ahead is in flight)."""
         for request in self.running:
             drafts = draft_token_ids.get(request.request_id)
-            ready = request.num_output_placeholders == 0 \
-                and request.num_computed_tokens == request.num_tokens - 1
-            request.spec_token_ids = drafts if drafts and ready else []
+            request.spec_token_ids = drafts if drafts and request.decode_ready else []
 
     def schedule(self, num_spec_tokens: int = 0) -> ScheduledStep:
         """The next step. ``num_spec_tokens``: the drafts its worker proposes after sampling (k)."""

@@ -36,7 +36,6 @@ from minirunner.engine.scheduler import ScheduledRequest, ScheduledStep
 from minirunner.spec_decode.async_utils import ChainState, sync_check
 from minirunner.spec_decode.draft_model import draft_sampling_params, draw_drafts
 from minirunner.spec_decode.proposer import DraftInput
-from minirunner.spec_decode.speculator import needs_plain_sampling
 from minirunner.worker.async_output import AsyncOutput
 from minirunner.worker.cudagraph import GraphKey, GraphKind
 from minirunner.worker.input_batch import graph_rows
@@ -118,14 +117,13 @@ class DraftChain:
         """Drafts for the running requests whose tokens are all on the host, as the runner proposes
         after a step it ran itself."""
         running = self.scheduler.running
-        if any(needs_plain_sampling(r) for r in running) \
-                or any(needs_plain_sampling(r) for r in self.scheduler.may_join()):
+        k = self.spec.step_k(running, self.scheduler.may_join())
+        if k == 0:
             return {}
-        k = self.spec.choose_k(len(running))
         inputs, ks = [], []
         for r in running:
             n = min(k, r.max_len - r.num_tokens - 1)
-            if n > 0 and not r.num_output_placeholders and r.num_computed_tokens == r.num_tokens - 1:
+            if n > 0 and r.decode_ready:
                 inputs.append(DraftInput(r.request_id, r.all_token_ids, r.params, r.seed))
                 ks.append(n)
         return self.target.drafter.propose_inputs(inputs, ks)

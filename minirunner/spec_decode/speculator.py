@@ -43,6 +43,13 @@ class Speculator:
             return self.dynamic.choose(self.stats)
         return self.config.k_for_batch_size(batch_size)
 
+    def step_k(self, running: list[Request], joining: list[Request] = ()) -> int:
+        """The k a step of ``running`` (and ``joining``) proposes: 0 while any of them needs plain
+        sampling (see :meth:`plan`), else :meth:`choose_k`'s (pure)."""
+        if any(needs_plain_sampling(r) for r in running) or any(needs_plain_sampling(r) for r in joining):
+            return 0
+        return self.choose_k(len(running))
+
     def plan(self, running: list[Request], joining: list[Request] = ()) -> int:
         """Before a step is scheduled: the k its worker proposes after sampling (for the next step).
         ``joining``: the waiting requests the step may admit (they sample in its verify pass).
@@ -51,11 +58,11 @@ class Speculator:
         needs the host-side logits processors (bias, pending min_tokens, penalties, min_p) or sampled
         logprobs, the step runs without drafts (the plain sampler applies them to every row) and none
         are proposed; the drafts proposed before are dropped here, and cut to this step's k."""
-        if any(needs_plain_sampling(r) for r in running) or any(needs_plain_sampling(r) for r in joining):
+        k = self.step_k(running, joining)
+        if k == 0:
             for r in running:
                 r.spec_token_ids = []
             return 0
-        k = self.choose_k(len(running))
         for r in running:  # proposed for the batch of the step before: at most this step's k
             if len(r.spec_token_ids) > k:
                 r.spec_token_ids = r.spec_token_ids[:k]

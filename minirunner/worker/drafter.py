@@ -101,6 +101,4 @@ def ends_request(row: CachedRequestState, num_tokens: int, run: list[int]) -> bo
     if num_tokens >= row.max_len:
         return True
     before = num_tokens - len(run) - row.num_prompt_tokens  # outputs before the run
-    p = row.params
-    return any(before + j + 1 >= p.min_tokens and (t in row.eos_token_ids or t in p.stop_token_ids)
-               for j, t in enumerate(run))
+    return any(row.params.stops_on(t, before + j + 1, row.eos_token_ids) for j, t in enumerate(run))
