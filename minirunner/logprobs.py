@@ -107,7 +107,7 @@ def collect_step_logprobs(requests: dict, scheduled, prompt_scores: dict, sample
                                             decode if request.params.detokenize else None)
     if sampled is None:
         return
-    for i, s in enumerate(s for s in scheduled if s.samples):
+    for i, s in enumerate(s for s in scheduled if s.is_sampling):
         request = s.request
         if request.logprobs is None or request.is_finished:  # finished since the step was launched
             continue

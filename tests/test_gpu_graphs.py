@@ -16,7 +16,7 @@ import torch
 from tiny_models import make_tiny_model
 
 from minirunner import LLM, SamplingParams
-from minirunner.spec_decode.async_utils import sync_check
+from minirunner.core.sync_check import sync_check
 from minirunner.worker.cudagraph import GraphKey, GraphKind
 
 pytestmark = [
@@ -132,13 +132,13 @@ def test_async_speculation_is_lossless_and_never_waits_for_the_device(model_dir,
     assert any(t["scheduled_ahead"] for t in ahead.get_step_trace())
     engine = ahead.engine
     engine.check_no_sync = True
-    launched = engine.chain.num_launched
+    launched = engine.runner.num_steps_ahead
     try:
         for params in (greedy, sampled):
             ahead.generate(prompts, params, use_tqdm=False)  # raises on a sync inside a launch
     finally:
         engine.check_no_sync = False
-    assert engine.chain.num_launched > launched
+    assert engine.runner.num_steps_ahead > launched
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -69,6 +69,21 @@ def test_the_worker_never_imports_the_engine():
     assert not bad, f"the worker reads data (core/sched/output.py), not engine objects: {bad}"
 
 
+def test_a_step_reaches_the_device_only_through_execute():
+    # Issue 33: ``ModelRunner.execute`` is the only way a step reaches the device; the draft model's
+    # passes after a verify replay run inside it (spec_decode/draft_passes.py, called by the drafter).
+    allowed = {PACKAGE / "worker" / "model_runner.py": ("run_model", "graphs.run"),
+               PACKAGE / "distributed" / "tp_runner.py": ("run_model",),  # its override calls the base
+               PACKAGE / "spec_decode" / "draft_passes.py": ("graphs.run",)}
+    bad = []
+    for p in _modules():
+        text = p.read_text()
+        for call in ("run_model", "graphs.run", "forward_logits", "prepare_next_decode"):
+            if f".{call}(" in text and call not in allowed.get(p, ()):
+                bad.append(f"{p.relative_to(ROOT)}: .{call}(")
+    assert not bad, f"launch steps with ModelRunner.execute: {bad}"
+
+
 def test_the_kernel_or_twin_choice_is_made_in_one_place():
     # DESIGN.md, "One mechanism per idea": kernels/_triton.use_triton chooses between a Triton kernel
     # and its torch twin; nothing else reads whether Triton is installed.

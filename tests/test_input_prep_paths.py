@@ -175,7 +175,7 @@ class World:
         rng, kv = self.rng, self.kv
         for s in scheduled:
             r = s.request
-            if not s.samples:
+            if not s.is_sampling:
                 r.num_computed_tokens += s.num_new_tokens
                 continue
             accepted = rng.randint(0, len(s.draft_token_ids))
@@ -217,7 +217,7 @@ def compare_paths(seed: int, host: Path, device: Path, sync_check: bool = False)
             assert np.array_equal(want[key], got[key]), key
         seen["graph"] += bucket is not None and bucket > len(scheduled)
         seen["drafts"] += any(s.draft_token_ids for s in scheduled)
-        seen["chunks"] += any(not s.samples for s in scheduled)
+        seen["chunks"] += any(not s.is_sampling for s in scheduled)
         seen["preempted"] += any(s.request.num_preemptions for s in scheduled)
         seen["edited"] += any(t.version for t in world.kv.tables.values())
         world.finish_step(scheduled, paths)

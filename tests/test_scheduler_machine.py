@@ -99,7 +99,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert len(self.scheduler.running) <= self.scheduler.max_num_seqs
         self.kv.take_copies()
         for s in out.scheduled:
-            request, samples = s.request, s.samples
+            request, samples = s.request, s.is_sampling
             request.num_computed_tokens += s.num_new_tokens
             if not samples:
                 continue

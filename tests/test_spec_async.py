@@ -1,5 +1,6 @@
-"""Speculative steps scheduled one step ahead (async_scheduling=True: a draft model's steady batch is
-chained on the device, spec_decode/draft_chain.py) on a CPU under graph_mode="compile": the tokens are
+"""Speculative steps scheduled one step ahead (async_scheduling=True: a draft model proposes on the device
+after each verify replay, spec_decode/draft_passes.py, and a steady batch's next verify step is launched
+before the host reads the last) on a CPU under graph_mode="compile": the tokens are
 the synchronous engine's (greedy: plain greedy decoding; seeded sampling: the synchronous speculative
 run) with stops that land one step late, a tiny KV budget (preemption), prefix caching and an abort in
 the middle of a run; both pools stay consistent and are empty at the end; unverified tokens never enter
@@ -108,3 +109,22 @@ def test_abort_while_a_step_is_in_flight_keeps_the_others_and_frees_everything(a
     assert engine.pop_finished(ids[0]).outputs[0].finish_reason == "abort"
     assert engine.pop_finished(ids[1]).outputs[0].token_ids == want
     assert engine.block_pool.num_used_blocks == 0 and engine.spec.proposer.kv.pool.num_used_blocks == 0
+
+
+def test_synchronous_graph_steps_propose_on_the_device_with_the_host_proposers_drafts(pair, sync):  # noqa: F811
+    """The synchronous engine under graphs runs the same device passes (sync and async speculation are
+    one code path) and reads the drafts back: same tokens, drafts and acceptances as the eager engine,
+    whose draft model proposes from the tokens it reads."""
+    graphs = LLM(pair["target"], speculative_config=_spec(pair, "draft_model", K), graph_mode="compile",
+                 cudagraph_capture_sizes=[2], **COMMON)
+    prompts = _prompts(4, seed=9)
+    params = [SamplingParams(temperature=t, seed=5 + i, max_tokens=20, ignore_eos=True)
+              for i, t in enumerate((0.0, 0.9, 0.0, 0.9))]
+    want = sync.generate(prompts, params, use_tqdm=False)
+    got = graphs.generate(prompts, params, use_tqdm=False)
+    counts = ("num_steps", "num_draft_tokens", "num_accepted_tokens")
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert [[o.metrics.spec_decode[c] for c in counts] for o in got] \
+        == [[o.metrics.spec_decode[c] for c in counts] for o in want]
+    assert graphs.engine.spec.proposer.device_passes.num_launches > 0, "no step proposed on the device"
+    assert graphs.engine.runner.num_steps_ahead == 0  # nothing runs ahead without async scheduling

@@ -5,8 +5,8 @@ every other request untouched), abort (frees only that request's blocks) and the
 are built once by engine/build.py; a step's results travel as return values: the runner's RunnerOutput
 (worker/runner_output.py) is applied by the OutputProcessor (engine/output_processor.py) and recorded by
 the StepTracer (engine/trace.py). With ``async_scheduling`` the same loop launches step N + 1 before
-it reads step N (engine/in_flight.py says when it may; a draft model's steady batch is launched by
-spec_decode/draft_chain.py, on the device); every step is read and applied the same way.
+it reads step N (engine/in_flight.py says when it may: plain decode, and a draft model's steady batch,
+whose drafts the worker proposed on the device); every step is launched, read and applied the same way.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import torch
 
 from minirunner.config import EngineConfig, ModelConfig
 from minirunner.core.gc_heap import FreezesStartupHeap
+from minirunner.core.sync_check import sync_check
 from minirunner.engine.build import build_engine
 from minirunner.engine.detokenizer import IncrementalDetokenizer
-from minirunner.engine.in_flight import InFlightStep, may_continue
+from minirunner.engine.in_flight import InFlightStep, may_continue, may_verify_ahead
 from minirunner.engine.input_processor import InputProcessor, ProcessedPrompt
 from minirunner.engine.output_processor import OutputProcessor
 from minirunner.engine.parallel_sampling import child_id, child_seed
@@ -34,8 +35,6 @@ from minirunner.metrics.reader import Metric
 from minirunner.metrics.stats import EngineMetrics
 from minirunner.outputs import RequestOutput, build_request_output
 from minirunner.sampling_params import SamplingParams
-from minirunner.spec_decode.async_utils import sync_check
-from minirunner.spec_decode.draft_chain import DraftChain
 from minirunner.tokenizer import load_tokenizer
 from minirunner.worker.runner_output import RunnerOutput, StepGraphInfo
 
@@ -65,10 +64,6 @@ class LLMEngine(FreezesStartupHeap):
         self.scheduler, self.runner, self.spec = parts.scheduler, parts.runner, parts.spec
         self.pending: InFlightStep | None = None  # async scheduling: the step launched, not yet read
         self.check_no_sync = False  # CUDA: raise if preparing and launching a step waits for the device
-        self.chain = None  # async scheduling of a draft model's steady batches on the device
-        if config.async_scheduling and parts.spec_config is not None \
-                and parts.spec_config.method == "draft_model" and DraftChain.supports(self.runner):
-            self.chain = DraftChain(self.spec, self.runner, self.kv, self.scheduler, config.device)
         self.input_processor = InputProcessor(self.tokenizer, mc.vocab_size, config.max_model_len,
                                               config.max_logprobs, self.kv.reservation_blocks,
                                               lambda: self.num_kv_blocks, config.kv_layout == "paged")
@@ -174,11 +169,10 @@ class LLMEngine(FreezesStartupHeap):
         prev, self.pending = self.pending, None
         try:
             launched = self._launch_next(prev)
-        except BaseException:  # the step in flight stays in flight, unless a chain took its requests
-            self.pending = prev if prev is not None and not prev.chained else None
+        except BaseException:  # the step in flight stays in flight
+            self.pending = prev
             raise
-        done = self._finish(prev, end_chain=launched is None or not launched.chained) \
-            if prev is not None else EngineStep([])
+        done = self._finish(prev) if prev is not None else EngineStep([])
         if launched is None:
             return done
         if self.config.async_scheduling:
@@ -187,19 +181,19 @@ class LLMEngine(FreezesStartupHeap):
         return self._finish(launched)
 
     def _launch_next(self, prev: InFlightStep | None) -> InFlightStep | None:
-        """The next step, launched: a chained speculative step when the draft chain can build one on the
-        device; else a scheduled step, unless ``prev`` must be read first (None)."""
-        if self.chain is not None and (prev is None or prev.chained):
-            try:
-                launched = self.chain.launch(prev, self.check_no_sync)
-            except BaseException:
-                self._abort_failed(list(self.scheduler.running))  # a chain runs every running request
-                raise
-            if launched is not None or prev is not None:
-                return launched
-        if prev is not None and not may_continue(
-                prev, self.spec is not None and self.spec.choose_k(len(self.scheduler.running)) > 0):
-            return None
+        """The next step, launched, unless ``prev`` must be read first (None). A step whose drafts the
+        worker proposed on the device is followed by a verify step of them (placeholders on the host:
+        the worker gathers the drafts there) while the batch stays steady."""
+        if prev is not None:
+            running = self.scheduler.running
+            if prev.output.drafts is not None:
+                k = self.spec.step_k(running, self.scheduler.may_join())
+                if not may_verify_ahead(prev, self.scheduler, self.kv, k, self.config.max_model_len):
+                    return None
+                for request in running:
+                    request.spec_token_ids = [-1] * k
+            elif not may_continue(prev, self.spec is not None and self.spec.choose_k(len(running)) > 0):
+                return None
         return self._launch(prev)
 
     def _launch(self, prev: InFlightStep | None) -> InFlightStep | None:
@@ -216,8 +210,8 @@ class LLMEngine(FreezesStartupHeap):
         for request_id in sched.preempted:
             self.runner.free_request(request_id)
         if not sched.scheduled:
-            self.tracer.record(sched, [], self.tracer.occupancy(), 0, time.perf_counter() - t0,
-                               StepGraphInfo())
+            self.tracer.record(sched, finished=[], occupancy=self.tracer.occupancy(), num_output_tokens=0,
+                               duration=time.perf_counter() - t0, graph=StepGraphInfo())
             self.metrics.record_state(self.scheduler, self.block_pool)
             return None
         t1 = time.perf_counter()
@@ -244,37 +238,34 @@ class LLMEngine(FreezesStartupHeap):
                 self.metrics.record_finished(request)
         self.metrics.record_state(self.scheduler, self.block_pool)
 
-    def _finish(self, step: InFlightStep, end_chain: bool = True) -> EngineStep:
+    def _finish(self, step: InFlightStep) -> EngineStep:
         """Read a launched step (waiting for it only) and apply it: tokens with stop checks, forks,
         speculative rollback and metrics, finished requests freed, a trace entry."""
         out = step.output.get_output()
         # speculation's bookkeeping takes the requests still live before this step is applied: what the
         # step computed for one that finished since is discarded
+        sampling = [s for s in step.sched.scheduled if s.is_sampling]
         live = None if self.spec is None else [
-            (s, run) for s, run in zip([s for s in step.sched.scheduled if s.samples], out.runs, strict=True)
-            if not s.request.is_finished]
+            (s, run) for s, run in zip(sampling, out.runs, strict=True) if not s.request.is_finished]
         applied = self.output_processor.apply(step.sched, out, self.requests)
         for children in applied.forked:
             self.scheduler.add_forked(children)
         spec_runs = {}
         if self.spec is not None:
             self.scheduler.update_from_output([s for s, _ in live], [run for _, run in live])
-            trim = not step.chained or end_chain  # a chained step in flight still writes those blocks
             # the target's device time, read with the output (a GPU's launch returns before it runs)
             verify_s = out.device_s if out.device_s is not None else step.verify_s
             spec_runs = self.spec.verified([s for s, _ in live], [run for _, run in live], self.kv,
-                                           step.propose_s, verify_s, trim)
-            drafts = self.spec.take_drafts(out)
-            if step.chained:
-                drafts = self.chain.applied(step.sched, out.runs, end_chain)
-            self.scheduler.update_draft_token_ids(drafts)
+                                           step.propose_s, verify_s)
+            self.scheduler.update_draft_token_ids(self.spec.take_drafts(out))
         occupancy = self.tracer.occupancy()  # the step's peak: before finished requests free blocks
         for request in applied.done:
             self.free_request(request)
         self.metrics.record_step(applied.produced, spec_runs, self.scheduler, self.block_pool)
-        self.tracer.record(step.sched, applied.finished, occupancy,
-                           sum(len(tokens) for _, tokens in applied.produced), time.perf_counter() - step.t0,
-                           out.graph, spec_runs, step.propose_s, step.verify_s, step.ahead or step.chained)
+        self.tracer.record(step.sched, finished=applied.finished, occupancy=occupancy,
+                           num_output_tokens=sum(len(tokens) for _, tokens in applied.produced),
+                           duration=time.perf_counter() - step.t0, graph=out.graph, spec_runs=spec_runs,
+                           propose_s=step.propose_s, verify_s=step.verify_s, scheduled_ahead=step.ahead)
         return EngineStep(applied.produced, out)
 
     def get_metrics(self) -> list[Metric]:

@@ -1,14 +1,14 @@
-"""InFlightStep: a step the engine launched and has not read yet, and the rule for launching the next
+"""InFlightStep: a step the engine launched and has not read yet, and the rules for launching the next
 step before reading it (async scheduling).
 
-Owns that record and the rule only; the engine's loop (engine/engine.py) launches and reads the steps.
+Owns that record and the rules only; the engine's loop (engine/engine.py) launches and reads the steps.
 A request may be scheduled again while its previous step is in flight when the next step needs nothing
-of that step but the one token it samples, which the device feeds (worker/async_output.py): not when
-the step verified drafts (how many were accepted is read on the host; a draft-model speculator's
-steady batch continues on the device instead, spec_decode/draft_chain.py) or the step drafts for the
-next one (the runner proposes from the tokens it read), not when completion 0 of an
-n > 1 group is about to fork, and not when the host-side logits processors (penalties, min_tokens,
-logit bias, bad words, min_p) must see the token first.
+of that step the device does not hold: the one token it sampled (worker/async_output.py), or, after a
+verify step, the drafts the worker proposed from its runs on the device (``may_verify_ahead``: a draft
+model's steady batch). Not when the step verified drafts the worker did not propose on the device or
+drafts for the next one from the tokens it reads, not when completion 0 of an n > 1 group is about to
+fork, and not when the host-side logits processors (penalties, min_tokens, logit bias, bad words,
+min_p) must see the token first.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from minirunner.worker.logits_processing import needs_logits_processing
 @dataclass(eq=False)
 class InFlightStep:
     """A launched step: what was scheduled (the requests' counts already moved on), its output once
-    read, the host time it started and spent proposing and launching, whether it was launched while
-    another step was in flight (``ahead``), and whether a draft chain launched it (``chained``)."""
+    read, the host time it started and spent proposing and launching, and whether it was launched
+    while another step was in flight (``ahead``)."""
 
     sched: ScheduledStep
     output: AsyncOutput
@@ -32,7 +32,6 @@ class InFlightStep:
     propose_s: float
     verify_s: float
     ahead: bool = False
-    chained: bool = False
 
 
 def may_continue(step: InFlightStep, drafting: bool) -> bool:
@@ -40,7 +39,32 @@ def may_continue(step: InFlightStep, drafting: bool) -> bool:
     the speculator would propose drafts now — which it can only for requests whose tokens it has read."""
     for s in step.sched.scheduled:
         r = s.request
-        if s.samples and not r.is_finished and (
+        if s.is_sampling and not r.is_finished and (
                 drafting or s.draft_token_ids or r.fork_children or needs_logits_processing(r)):
             return False
     return True
+
+
+def may_verify_ahead(step: InFlightStep, scheduler, kv, k: int, max_model_len: int) -> bool:
+    """May a verify step of the drafts ``step``'s worker proposed on the device be launched before
+    ``step`` is read? When the batch is steady: the same requests in the same order, each with one
+    step in flight, k >= 1 the k those drafts have, no seat free for a waiting request, nothing that
+    needs plain sampling or a fork, room for this step under max_len and for the drafts after it under
+    ``max_model_len`` (the worker proposes them on the device), and blocks for every draft of it
+    accepted (the worst case) without preempting anyone."""
+    drafts, running = step.output.drafts, scheduler.running
+    if drafts is None or k < 1 or k != drafts.k or [r.request_id for r in running] != drafts.req_ids:
+        return False
+    if scheduler.waiting and len(running) < scheduler.max_num_seqs \
+            or len(running) * (k + 1) > scheduler.max_num_batched_tokens:
+        return False
+    blocks = 0
+    for r in running:
+        ahead = r.num_tokens + r.num_output_placeholders  # known tokens, and the worst case in flight
+        if r.is_finished or r.num_computed_tokens != ahead - 1 or r.fork_children \
+                or needs_logits_processing(r) or r.params.logprobs is not None \
+                or r.params.prompt_logprobs is not None or ahead + k + 1 > r.max_len \
+                or ahead + 2 * k + 1 > max_model_len:
+            return False
+        blocks += max(0, kv.blocks_for_tokens(r.num_computed_tokens + k + 1) - len(kv.table(r.request_id)))
+    return blocks <= kv.pool.num_free_blocks

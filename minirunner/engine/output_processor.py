@@ -44,7 +44,7 @@ class OutputProcessor:
         collect_step_logprobs(requests, scheduled, runner_output.prompt_logprobs, runner_output.logprobs,
                               self.decode_token)
         out = AppliedStep()
-        for s, run in zip([s for s in scheduled if s.samples], runner_output.runs, strict=True):
+        for s, run in zip([s for s in scheduled if s.is_sampling], runner_output.runs, strict=True):
             request = s.request
             request.num_output_placeholders -= 1 + len(s.draft_token_ids)
             if not request.is_finished:

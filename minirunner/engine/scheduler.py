@@ -30,7 +30,7 @@ from minirunner.kv.manager import KVCacheManager
 @dataclass
 class ScheduledRequest:
     """One request's share of a step, fixed when it is scheduled: ``start`` (its computed tokens then:
-    the step's first query position) and ``samples`` (does the step reach the end of its tokens, known
+    the step's first query position) and ``is_sampling`` (does the step reach the end of its tokens, known
     or in flight, so a new token is sampled?). The request's own counts move on once the step is
     launched, possibly before the step's tokens are read (async scheduling)."""
 
@@ -38,12 +38,12 @@ class ScheduledRequest:
     num_new_tokens: int  # query tokens this step, starting at position ``start``
     draft_token_ids: list[int] = field(default_factory=list)  # speculative tokens after the known ones
     start: int = field(init=False)
-    samples: bool = field(init=False)
+    is_sampling: bool = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.request
         self.start = r.num_computed_tokens
-        self.samples = self.start + self.num_new_tokens \
+        self.is_sampling = self.start + self.num_new_tokens \
             == r.num_tokens + r.num_output_placeholders + len(self.draft_token_ids)
 
 
@@ -91,7 +91,7 @@ class Scheduler:
         (vLLM's ``_update_after_schedule``; ``OutputProcessor.apply`` takes them back)."""
         for s in out.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
-            if s.samples:
+            if s.is_sampling:
                 s.request.num_output_placeholders += 1 + len(s.draft_token_ids)
 
     def update_from_output(self, sampled: list[ScheduledRequest], runs: list[list[int]]) -> None:

@@ -38,7 +38,7 @@ class WorkerRowsSent:
                 out.scheduled_spec_decode_tokens[rid] = list(s.draft_token_ids)
             if known + len(s.draft_token_ids) < n:
                 out.in_flight_req_ids.add(rid)
-            if s.samples:
+            if s.is_sampling:
                 out.sampling_req_ids.add(rid)
             sent = self._sent.get(rid)
             if sent is None:

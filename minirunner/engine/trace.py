@@ -84,7 +84,7 @@ class StepTracer:
             block_tables=({rid: list(t.blocks) for rid, t in self.kv.tables.items()}
                           if self.trace_block_tables else {}))
 
-    def record(self, sched, finished: list[str], occupancy: dict, num_output_tokens: int,
+    def record(self, sched, *, finished: list[str], occupancy: dict, num_output_tokens: int,
                duration: float, graph, spec_runs: dict | None = None, propose_s: float = 0.0,
                verify_s: float = 0.0, scheduled_ahead: bool = False) -> StepTrace:
         """Append the entry of a step that ran ``sched`` (a ScheduledStep), how it ran (``graph``: a

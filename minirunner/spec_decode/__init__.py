@@ -1,8 +1,10 @@
 """Speculative decoding: configuration, proposers (draft model, n-gram lookup), the formulas, metrics.
 
-The engine asks a ``Speculator`` for draft tokens before each step and reports what the target accepted
-after it; verification itself is the rejection sampler (``rejection_sampler.RejectionSampler``, over
-the kernels of ``minirunner.kernels.rejection_sampling``).
+The engine's ``Speculator`` chooses k before each step and records what the target accepted after it;
+the worker proposes the drafts after sampling (worker/drafter.py: from the tokens read, or on the
+device after a verify replay, ``draft_passes.DraftPasses``); verification itself is the rejection
+sampler (``rejection_sampler.RejectionSampler``, over the kernels of
+``minirunner.kernels.rejection_sampling``).
 """
 
 from minirunner.spec_decode.config import SpeculativeConfig

@@ -14,7 +14,6 @@ its tokens agree with the request's verified tokens; rejected drafts' blocks ret
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -25,19 +24,14 @@ from minirunner.core.host_copy import to_device
 from minirunner.engine.scheduler import ScheduledRequest
 from minirunner.engine.sequence import RunnableSequence
 from minirunner.engine.step_data import WorkerRowsSent
-from minirunner.kernels._triton import use_triton
-from minirunner.kernels.rejection_sampling import one_hot_probs, probs_from_logits
-from minirunner.kernels.sampling import sample, sample_ref
+from minirunner.kernels.rejection_sampling import one_hot_probs
 from minirunner.kv.manager import KVCacheManager
 from minirunner.model.loader import load_model
 from minirunner.sampling_params import SamplingParams
+from minirunner.spec_decode.draft_passes import DraftPasses
+from minirunner.spec_decode.draft_sampling import draft_sampling_params, draw_drafts
 from minirunner.spec_decode.proposer import DraftInput, Proposer
 from minirunner.worker.model_runner import ModelRunner
-
-_SEED_MASK = (1 << 63) - 1
-# The draft draws its tokens with noise keyed by (seed ^ salt, position): independent of the noise the
-# target's rejection sampler uses at the same position, which losslessness needs.
-_DRAFT_SALT = 0x2545F4914F6CDD1D
 
 
 @dataclass(eq=False)
@@ -89,15 +83,15 @@ class DraftModelProposer(Proposer):
         if config.graph_mode != "none":  # the draft's one-token passes replay as the target's do
             from minirunner.worker.cudagraph import capture_sizes
 
-            # with async scheduling, the first draft pass of a step scheduled ahead feeds 2 tokens a row
+            # the first draft pass after a verify replay feeds 2 tokens a row (spec_decode/draft_passes.py)
             self.runner.enable_graphs(config.graph_mode,
                                       capture_sizes(config.max_num_seqs, config.cudagraph_capture_sizes),
-                                      extra_query_lens=(2,) if config.async_scheduling else ())
+                                      extra_query_lens=(2,))
         self.max_batched = config.max_num_batched_tokens
         self.device = config.device
         self.seqs: dict[str, DraftSequence] = {}
         self.sent = WorkerRowsSent()  # what the draft runner's rows hold
-        self._chain = None  # (inputs, sampled tokens) of the last pass, while the next may follow it
+        self.device_passes = DraftPasses(self) if self.runner.graphs is not None else None
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def free(self, request_id: str) -> None:
@@ -137,7 +131,6 @@ class DraftModelProposer(Proposer):
         """Draft ks[i] tokens for requests[i] (each decode-ready). Returns {request_id: (tokens, q)}
         with q fp32 [len(tokens), vocab], the distribution each token was drawn from; a request the
         draft pool cannot hold gets no drafts this step."""
-        self._chain = None
         seqs = {r.request_id: self._sync(r) for r in requests}
         want = {r.request_id: k for r, k in zip(requests, ks, strict=True) if k > 0}
         by_id = {r.request_id: r for r in requests}
@@ -188,79 +181,30 @@ class DraftModelProposer(Proposer):
         return left
 
     def _run(self, scheduled: list[ScheduledRequest], by_id, out) -> None:
-        prev, self._chain = self._chain, None
-        follows = prev is not None and len(scheduled) == len(prev[0].sample_states) and all(
-            s.num_new_tokens == 1 and s.request.request_id == r.req_id
-            for s, r in zip(scheduled, prev[0].sample_states, strict=True))
-        data = self.sent.build(scheduled, self.kv.table)
-        logits, inputs = self.runner.forward_logits(data, prev if follows else None)
-        sampling = [s.request for s in scheduled if s.samples]
+        """One pass of the draft runner (a step like the target's: ``execute``, read at once): the
+        requests that reach their last token append a draft, drawn from the draft's logits."""
+        output = self.runner.execute(self.sent.build(scheduled, self.kv.table)).get_output()
+        sampling = [s.request for s in scheduled if s.is_sampling]
         for s in scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
-        if logits is None:
+        if not sampling:
             return
         reqs = [by_id[seq.request_id] for seq in sampling]
         if all(r.params.temperature <= 0 for r in reqs):
-            # Greedy drafts: the argmax, with q one-hot on it (``None`` rows: the rejection sampler's
-            # n-gram form). A greedy target never reads q, so no softmax over the vocabulary is paid.
-            tokens = logits.argmax(dim=-1)
-            self._keep_chain(inputs, tokens, scheduled)
-            for seq, token in zip(sampling, tokens.tolist(), strict=True):
+            # Greedy drafts: the argmax (the draft's rows are greedy), with q one-hot on it (``None``
+            # rows: the rejection sampler's n-gram form). A greedy target never reads q.
+            for seq, (token,) in zip(sampling, output.runs, strict=True):
                 seq.tokens.append(token)
                 out[seq.request_id][0].append(token)
                 out[seq.request_id][1].append(None)
             return
         positions = to_device(np.asarray([seq.num_tokens for seq in sampling], dtype=np.int64), self.device)
-        sampled, q = draw_drafts(logits, draft_sampling_params(reqs, self.device, logits.shape[-1]),
-                                 positions)
-        self._keep_chain(inputs, sampled, scheduled)
+        sampled, q = draw_drafts(output.logits, draft_sampling_params(reqs, self.device,
+                                                                      output.logits.shape[-1]), positions)
         for i, (seq, token) in enumerate(zip(sampling, sampled.tolist(), strict=True)):
             seq.tokens.append(token)
             out[seq.request_id][0].append(token)
             out[seq.request_id][1].append(q[i])
-
-    def _keep_chain(self, inputs, tokens: torch.Tensor, scheduled: list[ScheduledRequest]) -> None:
-        """Remember an eager pass in which every request sampled: the next pass, feeding each request
-        exactly the token it just drew, prepares its inputs from this one on the device
-        (ModelRunner.prepare_next_decode) instead of from the host's token lists."""
-        if inputs is not None and len(inputs.sample_states) == len(scheduled):
-            self._chain = (inputs, tokens)
-
-
-class DraftSampling(NamedTuple):
-    """The draft sampler's per-request parameters on the device, and whether any row needs the
-    top-k / top-p sort (decided on the host, so drawing reads nothing back)."""
-
-    temperatures: torch.Tensor
-    top_k: torch.Tensor
-    top_p: torch.Tensor
-    seeds: torch.Tensor  # salted: the draft's noise is independent of the target's
-    apply_filters: bool
-
-
-def draft_sampling_params(requests: list[DraftInput], device: torch.device, vocab: int) -> DraftSampling:
-    """The draft sampler's parameters for these requests: their own, the seeds salted."""
-    def put(values, dtype) -> torch.Tensor:  # staged, pinned copies
-        return to_device(np.asarray(values, dtype=dtype), device)
-
-    return DraftSampling(
-        put([r.params.temperature for r in requests], np.float32),
-        put([r.params.top_k for r in requests], np.int64),
-        put([r.params.top_p for r in requests], np.float32),
-        put([(r.seed ^ _DRAFT_SALT) & _SEED_MASK for r in requests], np.int64),
-        any(0 < r.params.top_k < vocab or r.params.top_p < 1 for r in requests))
-
-
-def draw_drafts(logits: torch.Tensor, params: DraftSampling, positions: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One draft token per row from the draft's logits [rows, vocab], seeded by (salted seed, position
-    of the token drawn): (tokens int64 [rows], q fp32 [rows, vocab], the distribution each was drawn
-    from). Device ops only: nothing is read back."""
-    sampler = sample if use_triton(logits.device) else sample_ref
-    p = params
-    tokens = sampler(logits, p.temperatures, p.top_k, p.top_p, p.seeds, positions,
-                     apply_filters=p.apply_filters)
-    return tokens, probs_from_logits(logits, p.temperatures, p.top_k, p.top_p)
 
 
 def _stack_probs(tokens: list[int], qs: list[torch.Tensor | None], vocab: int) -> torch.Tensor | None:

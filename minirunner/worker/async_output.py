@@ -24,12 +24,29 @@ from minirunner.worker.runner_output import RunnerOutput
 
 
 @dataclass(eq=False)
-class PrevSampled:
-    """The tokens a launched step sampled, on the device, for the next step's inputs: ``tokens`` int64
-    [num_sampling] and each sampling request's row in it."""
+class DeviceDrafts:
+    """Drafts proposed on the device after a verify step sampled, before the host read it (MRv2's
+    draft row): per request, in ``req_ids`` order, ``start`` the position of its last verified token
+    (int64 [n]), ``last`` that token ([n]), ``tokens`` the k drafts after it ([n, k]) and ``q`` the
+    draft model's distributions ([n * k, vocab]; None: greedy drafts, one-hot)."""
 
+    req_ids: list[str]
+    k: int
+    start: torch.Tensor
+    last: torch.Tensor
     tokens: torch.Tensor
+    q: torch.Tensor | None
+
+
+@dataclass(eq=False)
+class PrevSampled:
+    """What the next step's inputs take from a launched step, on the device: ``tokens`` int64
+    [num_sampling] (one each; None after a verify step) and each sampling request's row in it, or the
+    drafts it proposed on the device (``drafts``)."""
+
+    tokens: torch.Tensor | None
     row_of: dict[str, int]
+    drafts: DeviceDrafts | None = None
 
 
 class StepTimer:
@@ -72,18 +89,24 @@ class AsyncOutput:
         self.output, self.sampled, self._logprobs, self._timer = output, sampled, logprobs, timer
         if timer is not None:
             timer.stop()
-        self._host, self._ready = sampled, None
-        if sampled is not None and sampled.device.type == "cuda":
-            self._host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
-            self._host.copy_(sampled, non_blocking=True)
-            self._ready = torch.cuda.Event()
-            self._ready.record()
+        self._host, self._ready = _copy_to_host(sampled)
+        self.drafts: DeviceDrafts | None = None  # proposed on the device after this step sampled
+        self._on_read: list[tuple[Callable, tuple]] = []
+
+    def add_read(self, fn: Callable, *tensors: torch.Tensor) -> None:
+        """Call ``fn(output, *host_tensors)`` when the step is read: ``tensors`` (device results queued
+        after the step, e.g. its drafts) are copied to the host now, without waiting."""
+        self._on_read.append((fn, tuple(_copy_to_host(t) for t in tensors)))
 
     def prev_sampled(self) -> PrevSampled | None:
-        """The one-token-per-request samples, for the next step's placeholder inputs (None for runs)."""
+        """What the next step may feed before this one is read: one-token-per-request samples, or the
+        drafts proposed on the device after a verify step; None when neither."""
+        row_of = {rid: i for i, rid in enumerate(self.output.req_ids)}
+        if self.drafts is not None:
+            return PrevSampled(None, row_of, self.drafts)
         if self.sampled is None or self.sampled.dim() != 1:
             return None
-        return PrevSampled(self.sampled, {rid: i for i, rid in enumerate(self.output.req_ids)})
+        return PrevSampled(self.sampled, row_of)
 
     def get_output(self) -> RunnerOutput:
         """The completed RunnerOutput (waits for this step's device-to-host copy only), with its device
@@ -99,4 +122,21 @@ class AsyncOutput:
             if self._logprobs is not None:
                 out.logprobs = self._logprobs(self.sampled)
             self.sampled = self._logprobs = None
+        for fn, copies in self._on_read:
+            for _, ready in copies:
+                if ready is not None:
+                    ready.synchronize()
+            fn(out, *(host for host, _ in copies))
+        self._on_read = []
         return out
+
+
+def _copy_to_host(t: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.cuda.Event | None]:
+    """(a host copy of ``t`` started without waiting, the event it is ready at); on a CPU ``t`` itself."""
+    if t is None or t.device.type != "cuda":
+        return t, None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return host, ready

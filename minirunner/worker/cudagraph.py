@@ -37,7 +37,7 @@ class GraphKind(enum.Enum):
     full-vocabulary sort). Verify (query length k + 1): the rejection sampler over every request's k + 1
     rows, with the draft model's q read from a buffer (VERIFY) or one-hot drafts (VERIFY_ONEHOT, n-gram).
     GREEDY also runs at query length q > 1: every token row's argmax and logits (the draft model's 2-token
-    first pass of a chained speculative step, spec_decode/draft_chain.py)."""
+    first pass after a verify step, spec_decode/draft_passes.py)."""
 
     GREEDY = "greedy"
     SAMPLE = "sample"

@@ -29,11 +29,11 @@ from minirunner.kv.block_table import cdiv
 from minirunner.logprobs import score_prompts
 from minirunner.model.decoder import DecoderLM
 from minirunner.spec_decode.proposer import Proposer
-from minirunner.worker.async_output import AsyncOutput, PrevSampled, StepTimer
+from minirunner.worker.async_output import AsyncOutput, DeviceDrafts, PrevSampled, StepTimer
 from minirunner.worker.buffers import StepBuffers
 from minirunner.worker.cudagraph import CudaGraphManager, GraphKey, GraphKind
-from minirunner.worker.drafter import Drafter
-from minirunner.worker.input_batch import InputBatch, prepare_input_batch, prepare_next_decode
+from minirunner.worker.drafter import Drafter, VerifyStep
+from minirunner.worker.input_batch import InputBatch, graph_rows, prepare_input_batch
 from minirunner.worker.runner_output import RunnerOutput, StepGraphInfo
 from minirunner.worker.sampler import Sampler, graph_ready
 from minirunner.worker.state_mirror import StateMirror
@@ -68,10 +68,11 @@ class ModelRunner:
         self.input_prep, self.state_mirror = "host", None
         self.set_input_prep(input_prep)
         self.drafter: Drafter | None = None
+        self.num_steps_ahead = 0  # verify steps launched from drafts proposed on the device (a count)
 
     def set_proposer(self, proposer: Proposer) -> None:
         """Propose drafts after sampling with ``proposer`` (n-gram, or a draft model's proposer)."""
-        self.drafter = Drafter(proposer, self.state)
+        self.drafter = Drafter(proposer, self.state, self.device)
 
     def enable_graphs(self, mode: str, sizes: list[int], max_draft_tokens: int = 0, draft_q: bool = False,
                       extra_query_lens: tuple[int, ...] = ()) -> CudaGraphManager:
@@ -139,11 +140,6 @@ class ModelRunner:
         return prepare_input_batch(self.state, self.buffers, sched, bucket, query_len,
                                    self.state_mirror, prev)
 
-    def prepare_next_decode(self, prev: InputBatch, tokens: torch.Tensor) -> InputBatch:
-        """The draft's chained pass: each request feeds the token it just sampled (``tokens``, int64
-        [num_requests] on the device), see worker/input_batch.py."""
-        return prepare_next_decode(self.state, self.buffers, prev, tokens)
-
     def graph_bucket(self, sched: SchedulerOutput) -> tuple[int, int] | None:
         """(bucket, query_len) of the step this batch replays, or None (eager). Decode (query_len 1):
         every request samples one new token. Verify (query_len k + 1): every request scores its last
@@ -187,23 +183,6 @@ class ModelRunner:
                                    inputs.sample_positions)
 
     @torch.inference_mode()
-    def forward_logits(self, sched: SchedulerOutput, after: tuple[InputBatch, torch.Tensor] | None = None):
-        """update_states -> prepare_inputs -> run_model -> compute_logits with no sampling: (the fp32
-        logits of the rows that sample, or None; the step's inputs, None for a graph step). The draft
-        proposer samples its tokens itself. A decode batch that fits a bucket replays its greedy graph
-        step (its argmax is not used). ``after``: (the inputs of the previous eager pass, the tokens it
-        sampled) when this pass feeds exactly those tokens (:meth:`prepare_next_decode`)."""
-        self.update_states(sched)
-        graph = self.graph_bucket(sched)
-        n = len(sched.num_scheduled_tokens)
-        if graph is not None and graph[1] == 1:
-            meta = self.prepare_inputs(sched, graph[0]).meta
-            return self._replay(graph[0], GraphKind.GREEDY, n, meta.max_seq_len)[1], None
-        inputs = self.prepare_inputs(sched) if after is None else self.prepare_next_decode(*after)
-        hidden = self.run_model(inputs)
-        return (self.compute_logits(hidden, inputs) if len(inputs.sample_rows) else None), inputs
-
-    @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput, prev: PrevSampled | None = None) -> AsyncOutput:
         """Launch one step: bring the rows up to date, prepare inputs, run the model (or replay a bucket),
         sample; then, when the step asks for drafts (``num_spec_tokens``), propose them from what was
@@ -211,14 +190,18 @@ class ModelRunner:
         queued: ``get_output()`` of the result is the step's RunnerOutput (nothing is kept on the
         runner). prev: the sampled tokens of the step still in flight, which this step's requests feed
         (async scheduling), or None."""
-        result = self._launch(scheduler_output, prev)
+        result, verify = self._launch(scheduler_output, prev)
         if self.drafter is not None and scheduler_output.num_spec_tokens:
-            self.drafter.propose(scheduler_output, result.get_output())
+            self.drafter.propose(scheduler_output, result, verify)
         return result
 
-    def _launch(self, sched: SchedulerOutput, prev: PrevSampled | None) -> AsyncOutput:
+    def _launch(self, sched: SchedulerOutput, prev: PrevSampled | None
+                ) -> tuple[AsyncOutput, VerifyStep | None]:
+        """Queue the step; returns its output and, for a verify replay, what the drafter proposes from."""
         timer = StepTimer(self.device)
         self.update_states(sched)
+        if prev is not None and prev.drafts is not None and sched.in_flight_req_ids:
+            return self._launch_ahead(sched, prev.drafts, timer)
         graph = self.graph_bucket(sched)
         bucket, query_len = graph if graph is not None else (None, 1)
         inputs = self.prepare_inputs(sched, bucket, query_len, prev)
@@ -228,22 +211,49 @@ class ModelRunner:
         draft_probs = self.drafter.draft_probs(sched) if self.drafter is not None else None
         if bucket is not None and query_len > 1:
             runs, out.logits, out.graph = self._replay_verify(bucket, query_len, inputs, draft_probs)
-            return AsyncOutput(out, runs.clone(), timer=timer)
+            runs = runs.clone()
+            return AsyncOutput(out, runs, timer=timer), VerifyStep(bucket, runs)
         if bucket is not None:
             tokens, out.logits, out.graph = self._replay(bucket, self.sampler.graph_kind(inputs.sample_rows),
                                                          len(inputs.sample_rows), inputs.meta.max_seq_len)
-            return AsyncOutput(out, tokens.clone(), self._logprobs(out.logits, inputs), timer)
+            return AsyncOutput(out, tokens.clone(), self._logprobs(out.logits, inputs), timer), None
         hidden = self.run_model(inputs)
         out.prompt_logprobs = score_prompts(self.logits_at, hidden, self._prompt_spans(sched))
         if not len(inputs.sample_rows):
-            return AsyncOutput(out, timer=timer)
+            return AsyncOutput(out, timer=timer), None
         out.logits = self.compute_logits(hidden, inputs)
         if len(inputs.draft_token_ids):
             runs = self.sampler.verify(out.logits, inputs.sample_rows, inputs.draft_token_ids,
                                        inputs.num_drafts, inputs.sample_positions, draft_probs)
-            return AsyncOutput(out, runs, timer=timer)
+            return AsyncOutput(out, runs, timer=timer), None
         tokens = self.sample(out.logits, inputs)
-        return AsyncOutput(out, tokens, self._logprobs(out.logits, inputs), timer)
+        return AsyncOutput(out, tokens, self._logprobs(out.logits, inputs), timer), None
+
+    def _launch_ahead(self, sched: SchedulerOutput, drafts: DeviceDrafts, timer: StepTimer
+                      ) -> tuple[AsyncOutput, VerifyStep]:
+        """A verify step launched before the step that proposed its drafts was read: every request feeds
+        its last verified token and the k drafts from the device row (``drafts``, same requests in the
+        same order), at positions kept on the device. The host's data gives the block tables, the
+        sampling parameters and an upper bound on each request's length (its context rung)."""
+        rids, k, n = list(sched.num_scheduled_tokens), drafts.k, len(drafts.req_ids)
+        if rids != drafts.req_ids or any(sched.num_scheduled_tokens[r] != k + 1 for r in rids):
+            raise RuntimeError("a step launched ahead must verify the k device drafts of exactly the "
+                               "requests that proposed them; this is a bug: please report it")
+        state, bucket = self.state, self.graphs.verify_bucket(n, k)
+        tables, params = graph_rows(state, np.asarray([state.row_of[r] for r in rids], dtype=np.int64))
+        self.buffers.put_graph_rows(tables, params, bucket, own_host=True)
+        ids = torch.cat((drafts.last[:, None], drafts.tokens), 1)
+        positions = drafts.start[:, None] + torch.arange(k + 1, device=self.device)
+        self.buffers.write_uniform(bucket, n, ids, positions, sample_positions=drafts.start + 1)
+        if drafts.q is not None:
+            self.graphs.write_draft_probs(drafts.q)
+        kind = GraphKind.VERIFY if drafts.q is not None else GraphKind.VERIFY_ONEHOT
+        computed = sched.num_computed_tokens()
+        runs, logits, info = self._replay(bucket, kind, n, max(computed[r] for r in rids) + k + 1, k + 1)
+        runs = runs.clone()  # the next replay overwrites the graph's outputs
+        self.num_steps_ahead += 1
+        out = RunnerOutput(req_ids=rids, num_drafts=[k] * n, logits=logits, graph=info)
+        return AsyncOutput(out, runs, timer=timer), VerifyStep(bucket, runs, drafts.start, ids)
 
     def _prompt_spans(self, sched: SchedulerOutput) -> list[tuple]:
         """(request id, prompt ids, k, first position to score, start, query tokens) of each scheduled

@@ -1,5 +1,6 @@
-"""Helpers of the draft chain (spec_decode/draft_chain.py): the device state of a chained step and the
-no-sync check.
+"""The no-sync check: with it on (CUDA), any operation that waits for the device raises while a step is
+prepared and launched ahead of the step in flight (async scheduling's promise, checked by the engine's
+``check_no_sync`` and the GPU tests).
 
 Owns nothing with state; it never launches or reads a step itself.
 """
@@ -7,22 +8,8 @@ Owns nothing with state; it never launches or reads a step itself.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 
 import torch
-
-from minirunner.engine.request import Request
-
-
-@dataclass(eq=False)
-class ChainState:
-    """What the next chained step is built from, on the device, before the host reads this one."""
-
-    requests: list[Request]
-    k: int
-    start: torch.Tensor  # int64 [n]: position of each request's first verify token (its last known one)
-    ids: torch.Tensor  # int64 [n, k + 1]: the verify step's tokens (last known token, then k drafts)
-    runs: torch.Tensor  # int64 [n, k + 1]: emitted runs, -1 after each ends (own storage)
 
 
 def sync_check(enabled: bool, device: torch.device):
