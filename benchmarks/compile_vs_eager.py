@@ -4,7 +4,10 @@ Three measurements, each in alternating pairs on one machine (eager, compiled, t
 so a noisy shared machine slows both alike; every figure is a median with its range (min-max of the
 per-pair ratios):
 
-- decode step at batch 1, 8 and 32 (one engine step each, greedy, short context: the first context rung);
+- decode step at batch 1, 8 and 32 (engine steps, greedy, short context: the first context rung), the two
+  engines taking turns of ``--block`` steps each; the ratio is per turn pair (median step of each turn).
+  A turn of one step measures each engine just after the other evicted its code and data from the
+  caches, which an engine running alone never meets (``--block 1`` gives that figure);
 - 64 ragged requests end to end (``LLM.generate``, ragged prompt and output lengths; buckets 1, 2, 4 ... 64);
 - warm start: a second process with the same compile cache, from ``LLM(...)`` to its first compiled step
   (seconds), beside the first (cold) process.
@@ -51,8 +54,9 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def decode_steps(batch: int, steps: int, warmup: int, engines: dict) -> dict:
-    """Median engine step (ms) of each engine at ``batch`` requests, and the per-pair eager/compiled ratio."""
+def decode_steps(batch: int, steps: int, warmup: int, engines: dict, block: int = 1) -> dict:
+    """Median engine step (ms) of each engine at ``batch`` requests, and the eager/compiled ratio per pair
+    of turns (each turn ``block`` steps of one engine; its median step)."""
     from minirunner import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=warmup + steps + 4, ignore_eos=True)
@@ -69,22 +73,27 @@ def decode_steps(batch: int, steps: int, warmup: int, engines: dict) -> dict:
         warm[name] = time.perf_counter() - t0
     times: dict[str, list[float]] = {name: [] for name in engines}
     cpu: dict[str, list[float]] = {name: [] for name in engines}  # this thread's CPU time
-    for i in range(steps):
+    turns = max(1, steps // block)
+    for i in range(turns):
         order = list(engines) if i % 2 == 0 else list(reversed(engines))
         for name in order:
-            t0, c0 = time.perf_counter(), time.thread_time()
-            engines[name].engine.step()
-            times[name].append(time.perf_counter() - t0)
-            cpu[name].append(time.thread_time() - c0)
+            for _ in range(block):
+                t0, c0 = time.perf_counter(), time.thread_time()
+                engines[name].engine.step()
+                times[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.thread_time() - c0)
     for llm in engines.values():
-        timed = list(llm.engine.trace)[-steps:]
+        timed = list(llm.engine.trace)[-turns * block:]
         assert all(t.num_decode_tokens == batch and t.num_prefill_tokens == 0 for t in timed)
         for request_id in list(llm.engine.requests):
             llm.engine.abort_request(request_id)
         llm.engine.requests.clear()
-    ratios = [e / c for e, c in zip(times["none"], times["compile"], strict=True)]
-    cpu_ratios = [e / c for e, c in zip(cpu["none"], cpu["compile"], strict=True)]
-    return dict(eager_ms=1e3 * statistics.median(times["none"]),
+    def per_turn(xs):
+        return [statistics.median(xs[j:j + block]) for j in range(0, len(xs), block)]
+
+    ratios = [e / c for e, c in zip(per_turn(times["none"]), per_turn(times["compile"]), strict=True)]
+    cpu_ratios = [e / c for e, c in zip(per_turn(cpu["none"]), per_turn(cpu["compile"]), strict=True)]
+    return dict(block=block, eager_ms=1e3 * statistics.median(times["none"]),
                 compile_ms=1e3 * statistics.median(times["compile"]),
                 speedup=_summary(ratios), warmup_s=warm,
                 eager_cpu_ms=1e3 * statistics.median(cpu["none"]),
@@ -160,6 +169,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40, help="timed decode steps per engine and batch")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--block", type=int, default=8,
+                    help="decode steps per engine per turn (1: the engines alternate every step)")
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     ap.add_argument("--ragged-pairs", type=int, default=4, help="alternating pairs of 64 ragged requests")
     ap.add_argument("--ragged-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64],
@@ -187,7 +198,7 @@ def main() -> None:
         engines = {"none": _engine("none", **kw), "compile": _engine("compile", **kw)}
         report["decode"] = {}
         for b in args.batches:
-            r = report["decode"][str(b)] = decode_steps(b, args.steps, args.warmup, engines)
+            r = report["decode"][str(b)] = decode_steps(b, args.steps, args.warmup, engines, args.block)
             s = r["speedup"]
             print(f"decode batch {b:3d}: eager {r['eager_ms']:.2f} ms, compiled {r['compile_ms']:.2f} ms -> "
                   f"x{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}); thread CPU time "

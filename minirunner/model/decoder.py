@@ -12,6 +12,7 @@ from torch import nn
 
 from minirunner.attention import AttentionBackend, AttentionMetadata
 from minirunner.config import ModelConfig
+from minirunner.model import cpu_linear
 from minirunner.model.rope import RotaryEmbedding, apply_rotary
 
 
@@ -46,16 +47,18 @@ class FusedLinear:
     On a CPU the best kernel depends on the row count (``benchmarks/linear_layouts.py``: the embedded
     model's projections with the weights coming from memory, as they do in a step, which reads every
     weight once). One row: a contiguous [in, out] copy (``x @ w_t``) is 15-25% faster than ``F.linear``.
-    Two to eight rows (a verify step's k + 1 rows, small decode batches): ``F.linear`` on [out, in] is
-    15-40% faster; from 24 rows the two are within 15% of each other (F.linear ahead with two threads,
-    behind with one). So a CPU keeps both, at the price of one more copy of these weights, and sends a
-    single row to the copy; a GPU keeps only [out, in] (cuBLAS takes either layout at the same speed)."""
+    Two rows and more (a verify step's k + 1 rows, decode batches): the weight packed once for oneDNN
+    (model/cpu_linear.py), where this torch build has it, else ``F.linear`` on [out, in]. So a CPU keeps
+    up to three copies of these weights, the price of the fastest kernel at each row count; a GPU keeps
+    only [out, in] (cuBLAS takes either layout at the same speed)."""
 
-    __slots__ = ("weight", "weight_t", "bias")
+    __slots__ = ("weight", "weight_t", "bias", "packed")
 
     def __init__(self, layers: list[nn.Linear]):
         self.weight = torch.cat([m.weight.detach() for m in layers]).contiguous()
-        self.weight_t = self.weight.t().contiguous() if self.weight.device.type == "cpu" else None
+        on_cpu = self.weight.device.type == "cpu"
+        self.weight_t = self.weight.t().contiguous() if on_cpu else None
+        self.packed = cpu_linear.pack(self.weight) if on_cpu and cpu_linear.packs(self.weight.dtype) else None
         biases = [m.bias for m in layers]
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
         start = 0  # the layers' parameters become row views of the fused tensors (no copy kept)
@@ -69,6 +72,8 @@ class FusedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight_t is not None and x.shape[0] == 1:
             return x @ self.weight_t if self.bias is None else torch.addmm(self.bias, x, self.weight_t)
+        if self.packed is not None:
+            return cpu_linear.packed_linear(x, self.packed, self.bias, self.weight.shape[0])
         return F.linear(x, self.weight, self.bias)
 
 

@@ -49,8 +49,9 @@ _ALLOCATION_ONLY = frozenset({"aten.empty.memory_format", "aten.empty_strided.de
 
 
 def _storages(tree) -> list[int]:
+    # an opaque tensor (a weight packed for oneDNN, model/cpu_linear.py) has no storage to share
     return [t.untyped_storage().data_ptr() for t in tree_leaves(tree)
-            if isinstance(t, torch.Tensor)]
+            if isinstance(t, torch.Tensor) and not t.is_mkldnn]
 
 
 def launches_kernel(func, args: tuple, kwargs: dict, out) -> bool:
