@@ -59,7 +59,8 @@ def decode_steps(batch: int, steps: int, warmup: int, engines: dict, block: int 
     of turns (each turn ``block`` steps of one engine; its median step)."""
     from minirunner import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=warmup + steps + 4, ignore_eos=True)
+    turns = max(1, steps // block)  # a block longer than ``steps`` still runs one turn of each engine
+    params = SamplingParams(temperature=0.0, max_tokens=warmup + turns * block + 4, ignore_eos=True)
     prompts = [[(7 * i + j) % 1000 + 3 for j in range(PROMPT_LEN)] for i in range(batch)]
     warm = {}
     for name, llm in engines.items():
@@ -73,7 +74,6 @@ def decode_steps(batch: int, steps: int, warmup: int, engines: dict, block: int 
         warm[name] = time.perf_counter() - t0
     times: dict[str, list[float]] = {name: [] for name in engines}
     cpu: dict[str, list[float]] = {name: [] for name in engines}  # this thread's CPU time
-    turns = max(1, steps // block)
     for i in range(turns):
         order = list(engines) if i % 2 == 0 else list(reversed(engines))
         for name in order:
