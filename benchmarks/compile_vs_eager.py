@@ -173,8 +173,9 @@ def main() -> None:
                     help="decode steps per engine per turn (1: the engines alternate every step)")
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     ap.add_argument("--ragged-pairs", type=int, default=4, help="alternating pairs of 64 ragged requests")
-    ap.add_argument("--ragged-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64],
-                    help="the compiled engine's bucket ladder for the 64 ragged requests")
+    ap.add_argument("--ragged-sizes", type=int, nargs="+", default=None,
+                    help="the compiled engine's bucket ladder for the 64 ragged requests (default: the "
+                         "engine's own, 1, 2, 4, 8, then multiples of 8)")
     ap.add_argument("--warm-runs", type=int, default=2, help="warm processes after the cold one")
     ap.add_argument("--skip", nargs="*", default=[], choices=["decode", "ragged", "warm"])
     ap.add_argument("--freezing", action="store_true", help="compile with inductor's freezing on")

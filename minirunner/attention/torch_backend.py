@@ -24,6 +24,7 @@ from minirunner.attention.base import AttentionBackend
 from minirunner.attention.metadata import AttentionMetadata
 from minirunner.attention.torch_ops import (
     gather_rows,
+    paged_decode_fused,
     paged_decode_vectorized,
     paged_prefill_vectorized,
     slot_rows,
@@ -244,7 +245,9 @@ class TorchAttentionBackend(AttentionBackend):
         dec, pres = self._decode, self._prefill
         if len(dec) == 1 and self._decode_rows is None:
             g = dec[0]
-            return paged_decode_vectorized(q, kv_cache, g.k_rows, g.key_mask, g.row_valid, self.scale)
+            # a compiled step (graph_mode="compile") takes the form inductor fuses; eager, gather + SDPA
+            decode = paged_decode_fused if torch.compiler.is_compiling() else paged_decode_vectorized
+            return decode(q, kv_cache, g.k_rows, g.key_mask, g.row_valid, self.scale)
         if len(pres) == 1 and pres[0].token_rows is None:  # uniform queries, in order, no decode rows
             pre = pres[0]
             o = paged_prefill_vectorized(q.view(pre.num_seqs, pre.max_q, *q.shape[1:]), kv_cache,

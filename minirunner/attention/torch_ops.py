@@ -77,6 +77,25 @@ def paged_decode_vectorized(q: torch.Tensor, kv_cache: torch.Tensor, k_rows: tor
     return out if row_valid is None else out * row_valid
 
 
+def paged_decode_fused(q: torch.Tensor, kv_cache: torch.Tensor, k_rows: torch.Tensor,
+                       key_mask: torch.Tensor, row_valid: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """:func:`paged_decode_vectorized` written for ``torch.compile``: the same attention as products and
+    sums over indexed cache rows, which inductor fuses into loops that read each K and V row where it
+    lies, with no gathered copy of K and V and no SDPA call. Eagerly this form would build
+    [num_seqs, L, H_kv, G, head_dim] products, so eager steps keep the gather and SDPA. Scores, softmax
+    and sums in fp32; same arguments and result."""
+    s, hq, d = q.shape
+    n, _, bs, h, _ = kv_cache.shape
+    rows = kv_cache.view(n * 2 * bs, h, d)
+    k, v = rows[k_rows[0]].float(), rows[k_rows[1]].float()  # [S, L, Hkv, D], indexed inside the loops
+    g = hq // h
+    scores = (q.float().view(s, 1, h, g, d) * k[:, :, :, None, :]).sum(-1) * scale  # [S, L, Hkv, G]
+    scores = scores.masked_fill(~key_mask.view(s, -1, 1, 1), float("-inf"))
+    p = torch.softmax(scores, dim=1)
+    out = (p[..., None] * v[:, :, :, None, :]).sum(1).reshape(s, hq, d).to(q.dtype)  # [S, Hkv, G, D]
+    return out if row_valid is None else out * row_valid
+
+
 def paged_prefill_vectorized(q_pad: torch.Tensor, kv_cache: torch.Tensor, k_rows: torch.Tensor,
                              mask: torch.Tensor, scale: float) -> torch.Tensor:
     """Ragged queries padded to one length, causal over each sequence's cached prefix + new tokens.

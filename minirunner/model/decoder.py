@@ -52,13 +52,10 @@ class FusedLinear:
     up to three copies of these weights, the price of the fastest kernel at each row count; a GPU keeps
     only [out, in] (cuBLAS takes either layout at the same speed)."""
 
-    __slots__ = ("weight", "weight_t", "bias", "packed")
+    __slots__ = ("weight", "weight_t", "bias", "packed", "out_features", "one_row_t")
 
     def __init__(self, layers: list[nn.Linear]):
-        self.weight = torch.cat([m.weight.detach() for m in layers]).contiguous()
-        on_cpu = self.weight.device.type == "cpu"
-        self.weight_t = self.weight.t().contiguous() if on_cpu else None
-        self.packed = cpu_linear.pack(self.weight) if on_cpu and cpu_linear.packs(self.weight.dtype) else None
+        self._set(torch.cat([m.weight.detach() for m in layers]).contiguous(), one_row_t=True)
         biases = [m.bias for m in layers]
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
         start = 0  # the layers' parameters become row views of the fused tensors (no copy kept)
@@ -69,11 +66,29 @@ class FusedLinear:
                 m.bias = nn.Parameter(self.bias[start:start + size], requires_grad=False)
             start += size
 
+    @classmethod
+    def over(cls, weight: torch.Tensor) -> FusedLinear:
+        """Another way to meet ``weight`` [out, in] (no bias), which stays what it is and where it is: a
+        tied lm_head's, whose table the embedding looks rows up in. No [in, out] copy (one row keeps
+        ``F.linear``); the packed copy where this CPU takes it."""
+        self = cls.__new__(cls)
+        self._set(weight.detach(), one_row_t=False)
+        self.bias = None
+        return self
+
+    def _set(self, weight: torch.Tensor, one_row_t: bool) -> None:
+        self.weight, self.out_features = weight, weight.shape[0]
+        on_cpu = weight.device.type == "cpu"
+        self.weight_t = weight.t().contiguous() if on_cpu and one_row_t else None
+        self.packed = cpu_linear.pack(weight) if on_cpu and cpu_linear.packs(weight.dtype) else None
+        # Plain flags and sizes for __call__, so torch.compile guards only the tensors a step reads.
+        self.one_row_t = self.weight_t is not None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight_t is not None and x.shape[0] == 1:
+        if self.one_row_t and x.shape[0] == 1:
             return x @ self.weight_t if self.bias is None else torch.addmm(self.bias, x, self.weight_t)
-        if self.packed is not None:
-            return cpu_linear.packed_linear(x, self.packed, self.bias, self.weight.shape[0])
+        if self.packed is not None and x.shape[0] > 1:
+            return cpu_linear.packed_linear(x, self.packed, self.bias, self.out_features)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -196,9 +211,17 @@ class DecoderLM(nn.Module):
         for layer in self.model.layers:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
+        # lm_head keeps nn.Linear's [vocab, hidden] layout: tied, it is the embedding table, whose row
+        # lookup needs that layout. Where the CPU packs weights, batches of rows meet a packed copy
+        # (vocab x hidden more memory): F.linear repacks the table on every call, as it does the
+        # projections' weights. The module stays (hooks and profiles still see lm_head); its forward
+        # becomes the packed call.
+        head = self.lm_head
+        if type(head) is nn.Linear and head.bias is None:
+            fused = FusedLinear.over(head.weight)
+            if fused.packed is not None:
+                head.forward = fused
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [n, hidden_size] -> fp32 logits [n, vocab_size]."""
-        # lm_head keeps nn.Linear's [vocab, hidden] layout: tied, it is the embedding table, whose row
-        # lookup needs that layout (a transposed copy would cost vocab x hidden).
         return self.lm_head(hidden).float()
