@@ -140,3 +140,26 @@ def test_prefill_length_groups_match_ref(max_groups, host_tables):
     assert (len(backend._prefill) > 1) == (max_groups > 1)
     got = backend.forward(q, k, v, _with_null_block(b.kv_cache), meta)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", CASES[:2], ids=["decode", "decode_pad"])
+def test_compiled_decode_matches_ref(case):
+    """Under torch.compile (graph_mode="compile") a decode step attends through the fused form
+    (paged_decode_fused), not gather + SDPA: the same attention, the same padding rows left at zero."""
+    seq_lens, query_lens = case
+    hq, hkv, d, block_size = 8, 2, 32, 7
+    qls = [q if s else 0 for s, q in zip(seq_lens, query_lens, strict=True)]
+    b = random_paged_batch(seq_lens, qls, hq, hkv, d, block_size, seed=3)
+    meta = make_meta(seq_lens, query_lens, b.block_tables, block_size)
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(meta.num_tokens, h, d, generator=gen) for h in (hq, hkv, hkv))
+    want_cache = b.kv_cache.clone()
+    store_kv_ref(k, v, want_cache, meta.slot_mapping)
+    want = paged_decode_ref(q, want_cache, meta.block_tables, meta.seq_lens, d ** -0.5)
+    backend = _backend(hq, hkv, d, block_size)
+    cache = _with_null_block(b.kv_cache)
+    backend.plan(meta)
+    torch._dynamo.reset()  # noqa: SLF001 (torch op)
+    got = torch.compile(lambda *a: backend.forward(*a, meta), fullgraph=True, dynamic=False)(q, k, v, cache)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cache[:-1], want_cache, atol=0, rtol=0)
