@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import bisect
 import enum
-import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ from minirunner.kernels._triton import use_triton
 from minirunner.kernels.sampling import sample, sample_ref
 from minirunner.spec_decode.rejection_sampler import RejectionSampler
 from minirunner.worker.compile_cache import COMPILE_OPTIONS, configure_compile_cache
+from minirunner.worker.compiled_forward import CompiledForward, own_code
 from minirunner.worker.graph_keys import context_columns, narrow_context
 
 
@@ -95,14 +95,6 @@ def bucket_for(batch_size: int, sizes: Sequence[int]) -> int | None:
     return sizes[i] if i < len(sizes) else None
 
 
-def _own_code(fn: Callable, name: str) -> Callable:
-    """A copy of ``fn`` with its own code object. Dynamo keeps its compiled entries per code object, and
-    every bucket's step is a closure of one ``def``: shared, the buckets would pile up as recompiles of
-    one frame and pass the recompile limit (8), after which dynamo silently runs eager."""
-    code = fn.__code__.replace(co_name=name, co_qualname=name)
-    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
-
-
 class CudaGraphManager:
     """One step per GraphKey, compiled or captured, replayed by ``run``.
 
@@ -138,6 +130,9 @@ class CudaGraphManager:
         # compile: one step per (key, block-table columns: its rung of the context ladder, graph_keys.py)
         self._steps: dict[tuple[GraphKey, int], Callable[[], tuple[torch.Tensor, torch.Tensor]]] = {}
         self.cache_dir = configure_compile_cache() if mode == "compile" else None
+        # what runs the steps no bucket takes: under "compile" the model compiled with a dynamic token
+        # count, attention opaque (worker/compiled_forward.py); under "cuda" the model, eagerly
+        self.eager_forward = CompiledForward(model) if mode == "compile" else model
         self._graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, tuple]] = {}
         self._verify_cu: dict[tuple[int, int], torch.Tensor] = {}
         self.draft_q = draft_q
@@ -257,7 +252,7 @@ class CudaGraphManager:
             columns = context_columns(max_seq_len, self.buffers.block_size, self.buffers.max_blocks_per_seq)
             step = self._steps.get((key, columns))
             if step is None:
-                fn = _own_code(self.step_fn(key, columns), f"{key.name}_c{columns}")
+                fn = own_code(self.step_fn(key, columns), f"{key.name}_c{columns}")
                 step = self._steps[(key, columns)] = torch.compile(fn, dynamic=False, fullgraph=True,
                                                                    options=COMPILE_OPTIONS)
             return step()

@@ -164,7 +164,8 @@ class ModelRunner:
         """The forward pass: every layer writes its K/V by slot and attends. Returns hidden states
         [num_tokens, hidden_size]."""
         self.backend.plan(inputs.meta)
-        return self.model(inputs.input_ids, inputs.meta, self.kv_caches, self.backend)
+        forward = self.model if self.graphs is None else self.graphs.eager_forward
+        return forward(inputs.input_ids, inputs.meta, self.kv_caches, self.backend)
 
     def compute_logits(self, hidden: torch.Tensor, inputs: InputBatch) -> torch.Tensor:
         """fp32 logits [num_sampling, vocab] for the rows that sample only."""

@@ -1,0 +1,97 @@
+"""The compiled forward of the steps no bucket replays (graph_mode="compile"): prefills, mixed steps,
+ragged verify steps.
+
+One ``torch.compile`` of the model's forward with the token count dynamic, so prompts of every length
+share one graph, and each layer's attention left out of it as one opaque op (``minirunner::step_attention``,
+vLLM's piecewise compile): what attention needs from a step (sequence groups, masks, block rows) varies in
+ways a graph cannot hold, while the projections, norms, RoPE and MLP between two attentions fuse. The op
+runs the backend's own eager forward on the metadata of the step in flight, which the step sets here for
+its duration (one thread's step at a time, per thread). Steps of one token run the model eagerly: a graph
+specialised to one row would be a second compile for a step that a bucket usually takes.
+
+It owns no state of the step and writes nothing but the KV cache, through the backend.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from minirunner.worker.compile_cache import COMPILE_OPTIONS
+
+_step = threading.local()  # .backend, .meta: the step in flight on this thread (set by CompiledForward)
+
+
+@torch.library.custom_op("minirunner::step_attention", mutates_args=("kv_cache",))
+def step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+    """The backend's forward for this layer on the metadata of the step in flight: writes k and v into
+    ``kv_cache`` and returns the attention output [num_tokens, num_q_heads, head_dim], contiguous (the
+    layout the graph was traced with)."""
+    return _step.backend.forward(q, k, v, kv_cache, _step.meta).contiguous()
+
+
+@step_attention.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+    return q.new_empty(q.shape)
+
+
+class _OpaqueAttention:
+    """What the traced model sees as its backend: each layer's attention is the opaque op."""
+
+    name = "opaque"
+
+    def forward(self, q, k, v, kv_cache, meta):
+        return torch.ops.minirunner.step_attention(q, k, v, kv_cache)
+
+
+@dataclass
+class _Positions:
+    """The one field of the metadata the model reads itself (RoPE); the rest stays with the backend."""
+
+    positions: torch.Tensor
+
+
+_OPAQUE = _OpaqueAttention()
+
+
+def _forward(model, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor]):
+    return model(input_ids, _Positions(positions), kv_caches, _OPAQUE)
+
+
+class CompiledForward:
+    """Called like the model (``(input_ids, meta, kv_caches, backend) -> hidden``), after the backend's
+    ``plan(meta)``. Compiles on first use; the graph is cached on disk like the buckets' steps."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self._compiled = torch.compile(own_code(_forward, "compiled_forward"), fullgraph=True,
+                                       options=COMPILE_OPTIONS)
+        self.calls = 0  # steps run through the graph (the rest ran eagerly: one token)
+
+    def __call__(self, input_ids: torch.Tensor, meta, kv_caches: list[torch.Tensor], backend) -> torch.Tensor:
+        if input_ids.shape[0] < 2:
+            return self.model(input_ids, meta, kv_caches, backend)
+        positions = meta.positions
+        # one graph for every token count, from the first compile on (no static first graph)
+        torch._dynamo.mark_dynamic(input_ids, 0)  # noqa: SLF001 (torch's public marker lives there)
+        torch._dynamo.mark_dynamic(positions, 0)  # noqa: SLF001
+        _step.backend, _step.meta = backend, meta
+        try:
+            hidden = self._compiled(self.model, input_ids, positions, kv_caches)
+        finally:
+            _step.backend = _step.meta = None
+        self.calls += 1
+        return hidden
+
+
+def own_code(fn: Callable, name: str) -> Callable:
+    """A copy of ``fn`` with its own code object. Dynamo keeps its compiled entries per code object, and
+    every bucket's step is a closure of one ``def`` (every engine's forward, this module's ``_forward``):
+    shared, they would pile up as recompiles of one frame and pass the recompile limit (8), after which
+    dynamo silently runs eager."""
+    code = fn.__code__.replace(co_name=name, co_qualname=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
