@@ -8,6 +8,10 @@ per-pair ratios):
   engines taking turns of ``--block`` steps each; the ratio is per turn pair (median step of each turn).
   A turn of one step measures each engine just after the other evicted its code and data from the
   caches, which an engine running alone never meets (``--block 1`` gives that figure);
+- the same decode steps in separate processes, one engine each (``decode_procs``): the processes alternate
+  (eager, compiled, then compiled, eager, ...), each runs ``--steps`` steps after its warm-up and reports
+  its median step; the ratio is per pair of processes. No engine evicts the other's weights and code from
+  the caches here, as one engine serving alone never meets;
 - 64 ragged requests end to end (``LLM.generate``, ragged prompt and output lengths; buckets 1, 2, 4 ... 64);
 - warm start: a second process with the same compile cache, from ``LLM(...)`` to its first compiled step
   (seconds), beside the first (cold) process.
@@ -91,13 +95,16 @@ def decode_steps(batch: int, steps: int, warmup: int, engines: dict, block: int 
     def per_turn(xs):
         return [statistics.median(xs[j:j + block]) for j in range(0, len(xs), block)]
 
-    ratios = [e / c for e, c in zip(per_turn(times["none"]), per_turn(times["compile"]), strict=True)]
-    cpu_ratios = [e / c for e, c in zip(per_turn(cpu["none"]), per_turn(cpu["compile"]), strict=True)]
-    return dict(block=block, eager_ms=1e3 * statistics.median(times["none"]),
-                compile_ms=1e3 * statistics.median(times["compile"]),
-                speedup=_summary(ratios), warmup_s=warm,
-                eager_cpu_ms=1e3 * statistics.median(cpu["none"]),
-                compile_cpu_ms=1e3 * statistics.median(cpu["compile"]), cpu_time_speedup=_summary(cpu_ratios))
+    ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    cpu_ms = {name: 1e3 * statistics.median(t) for name, t in cpu.items()}
+    report = dict(block=block, ms=ms, cpu_ms=cpu_ms, warmup_s=warm)
+    if set(engines) == {"none", "compile"}:
+        ratios = [e / c for e, c in zip(per_turn(times["none"]), per_turn(times["compile"]), strict=True)]
+        cpu_ratios = [e / c for e, c in zip(per_turn(cpu["none"]), per_turn(cpu["compile"]), strict=True)]
+        report.update(eager_ms=ms["none"], compile_ms=ms["compile"], speedup=_summary(ratios),
+                      eager_cpu_ms=cpu_ms["none"], compile_cpu_ms=cpu_ms["compile"],
+                      cpu_time_speedup=_summary(cpu_ratios))
+    return report
 
 
 def ragged_workload(n: int, seed: int = 0):
@@ -119,16 +126,54 @@ def ragged(pairs: int, engines: dict, n: int = 64) -> dict:
         outs[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         warm[name] = time.perf_counter() - t0
     assert outs["none"] == outs["compile"], "compiled and eager tokens differ (greedy)"
+    split = {name: {"prefill_s": [], "decode_s": []} for name in engines}  # the trace's step durations
     for i in range(pairs):
         for name in (list(engines) if i % 2 == 0 else list(reversed(engines))):
+            since = len(engines[name].get_step_trace())
             t0 = time.perf_counter()
             engines[name].generate(prompts, params, use_tqdm=False)
             times[name].append(time.perf_counter() - t0)
+            steps = engines[name].get_step_trace()[since:]
+            split[name]["prefill_s"].append(sum(t["duration_s"] for t in steps if t["num_prefill_tokens"]))
+            split[name]["decode_s"].append(sum(t["duration_s"] for t in steps if not t["num_prefill_tokens"]))
     ratios = [e / c for e, c in zip(times["none"], times["compile"], strict=True)]
     graphs = engines["compile"].engine.runner.graphs
     return dict(eager_s=statistics.median(times["none"]), compile_s=statistics.median(times["compile"]),
                 speedup=_summary(ratios), warmup_s=warm, output_tokens=sum(len(t) for t in outs["none"]),
+                steps_median_s={name: {k: statistics.median(v) for k, v in parts.items()}
+                                for name, parts in split.items()},
                 compiled_steps=[f"{k.name}_c{c}" for k, c in graphs.contexts()])
+
+
+def child_decode(mode: str, batch: int, steps: int, warmup: int, batches: list[int]) -> None:
+    """One process, one engine (configured as in ``decode_steps``: the ladder ``batches``): ``steps``
+    decode steps at ``batch`` after the warm-up; prints a JSON line."""
+    torch.set_num_threads(1)
+    engine = _engine(mode, max_num_seqs=max(batches), cudagraph_capture_sizes=sorted(set(batches)))
+    r = decode_steps(batch, steps, warmup, {mode: engine}, block=steps)
+    print(json.dumps(dict(ms=r["ms"][mode], cpu_ms=r["cpu_ms"][mode])))
+
+
+def decode_processes(batches, pairs: int, steps: int, warmup: int) -> dict:
+    """Per batch, ``pairs`` pairs of processes in alternating order; the ratio per pair of medians."""
+    out = {}
+    for b in batches:
+        ms: dict[str, list[float]] = {"none": [], "compile": []}
+        for i in range(pairs):
+            for mode in (("none", "compile") if i % 2 == 0 else ("compile", "none")):
+                cmd = [sys.executable, __file__, "--child-decode", mode, str(b), str(steps), str(warmup),
+                       "--batches", *map(str, batches)]
+                line = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+                ms[mode].append(json.loads(line)["ms"])
+        ratios = [e / c for e, c in zip(ms["none"], ms["compile"], strict=True)]
+        r = out[str(b)] = dict(eager_ms=statistics.median(ms["none"]),
+                               compile_ms=statistics.median(ms["compile"]), speedup=_summary(ratios),
+                               per_process_ms=ms)
+        s = r["speedup"]
+        print(f"decode batch {b:3d}, one engine per process: eager {r['eager_ms']:.2f} ms, compiled "
+              f"{r['compile_ms']:.2f} ms -> x{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}); "
+              f"load {_load()}", flush=True)
+    return out
 
 
 def child_warm_start(freezing: bool) -> None:
@@ -177,13 +222,18 @@ def main() -> None:
                     help="the compiled engine's bucket ladder for the 64 ragged requests (default: the "
                          "engine's own, 1, 2, 4, 8, then multiples of 8)")
     ap.add_argument("--warm-runs", type=int, default=2, help="warm processes after the cold one")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["decode", "ragged", "warm"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["decode", "decode_procs", "ragged", "warm"])
     ap.add_argument("--freezing", action="store_true", help="compile with inductor's freezing on")
+    ap.add_argument("--decode-pairs", type=int, default=4, help="alternating pairs of decode processes")
     ap.add_argument("--child-warm-start", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-decode", nargs=4, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default="benchmarks/results/compile_vs_eager_cpu.json")
     args = ap.parse_args()
     if args.child_warm_start:
         return child_warm_start(args.freezing)
+    if args.child_decode:
+        mode, batch, steps, warmup = args.child_decode
+        return child_decode(mode, int(batch), int(steps), int(warmup), args.batches)
     torch.set_num_threads(1)
     from minirunner.tools.bench import environment
     from minirunner.worker import compile_cache
@@ -206,13 +256,17 @@ def main() -> None:
                   f"x{r['cpu_time_speedup']['median']:.2f}; load {_load()}", flush=True)
         del engines
         _write(report, args.out)
+    if "decode_procs" not in args.skip:
+        report["decode_procs"] = decode_processes(args.batches, args.decode_pairs, args.steps, args.warmup)
+        _write(report, args.out)
     if "ragged" not in args.skip:
         kw = dict(max_num_seqs=64, cudagraph_capture_sizes=args.ragged_sizes)
         engines = {"none": _engine("none", **kw), "compile": _engine("compile", **kw)}
         r = report["ragged64"] = ragged(args.ragged_pairs, engines)
         s = r["speedup"]
         print(f"64 ragged: eager {r['eager_s']:.2f} s, compiled {r['compile_s']:.2f} s -> x{s['median']:.2f} "
-              f"({s['min']:.2f}-{s['max']:.2f}); warm-up {r['warmup_s']}; load {_load()}", flush=True)
+              f"({s['min']:.2f}-{s['max']:.2f}); steps (median s) {r['steps_median_s']}; warm-up "
+              f"{r['warmup_s']}; load {_load()}", flush=True)
         del engines
         _write(report, args.out)
     if "warm" not in args.skip:

@@ -33,8 +33,10 @@ def _prompts(lengths, seed):
 
 
 def _eager_steps(llm, since):
-    """Steps after ``since`` that ran the model's forward on two tokens or more (no bucket replay)."""
-    return [t for t in llm.get_step_trace()[since:] if t["graph"] == "eager" and t["num_tokens"] >= 2]
+    """Steps after ``since`` that no bucket took, on two tokens or more: the trace says "piecewise"."""
+    steps = [t for t in llm.get_step_trace()[since:] if t["bucket_size"] is None and t["num_tokens"] >= 2]
+    assert all(t["graph"] == "piecewise" for t in steps)
+    return steps
 
 
 def test_mixed_and_chunked_steps_run_compiled_with_eager_tokens(engines):

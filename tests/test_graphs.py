@@ -114,8 +114,8 @@ def test_trace_fields_say_how_each_step_ran(model_dir, compiled):
         if t["num_prefill_tokens"] == 0:
             want = bucket_for(n, LADDER)
             assert (t["graph"], t["bucket_size"], t["num_padded_rows"]) == ("compile", want, want - n)
-        else:  # prefill or mixed: eager
-            assert (t["graph"], t["bucket_size"], t["num_padded_rows"]) == ("eager", None, 0)
+        else:  # prefill or mixed: the compiled forward, attention eager (worker/compiled_forward.py)
+            assert (t["graph"], t["bucket_size"], t["num_padded_rows"]) == ("piecewise", None, 0)
     plain = _llm(model_dir, "none")
     plain.generate(prompts[:1], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert {t["graph"] for t in plain.get_step_trace()} == {"eager"}
@@ -140,8 +140,8 @@ def test_padded_step_writes_no_kv_outside_the_batch_slots_and_no_stale_tail(comp
     g = torch.Generator().manual_seed(2)
     ids = [engine.add_request(torch.randint(3, 96, (6,), generator=g).tolist(), params)
            for _ in range(8)]
-    engine.step()  # the prefills (eager)
-    assert engine.trace[-1].graph == "eager"
+    engine.step()  # the prefills (no bucket: the compiled forward)
+    assert engine.trace[-1].graph == "piecewise"
     engine.step()  # a full bucket: 8 rows, no padding
     assert (engine.trace[-1].graph, engine.trace[-1].num_padded_rows) == ("compile", 0)
     for rid in ids[5:]:
@@ -184,10 +184,11 @@ def test_logprobs_inside_and_penalties_outside_the_graph(eager, compiled):
         for lw, lg in zip(w.outputs[0].logprobs, g.outputs[0].logprobs, strict=True):
             assert set(lw) == set(lg)
             assert all(abs(lw[t].logprob - lg[t].logprob) < 1e-4 for t in lw)
-    # Penalties need each request's token counts, which live on the host: those steps run eager.
+    # Penalties need each request's token counts, which live on the host: no bucket takes those steps
+    # (the compiled forward runs them, the logits processed on the host).
     pen = SamplingParams(temperature=0.0, max_tokens=6, repetition_penalty=1.3, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in eager.generate(prompts, pen, use_tqdm=False)]
     compiled.clear_step_trace()
     got = [o.outputs[0].token_ids for o in compiled.generate(prompts, pen, use_tqdm=False)]
     assert got == want
-    assert {t["graph"] for t in compiled.get_step_trace()} == {"eager"}
+    assert {t["graph"] for t in compiled.get_step_trace()} == {"piecewise"}

@@ -46,7 +46,7 @@ class StepTrace:
     finished_ids: list[str]
     block_tables: dict[str, list[int]] = field(default_factory=dict)
     duration_s: float = 0.0
-    graph: str = "eager"  # how the step ran: "eager", "compile" or "cuda" (one replay of a bucket)
+    graph: str = "eager"  # or "compile" / "cuda" (a bucket replayed), "piecewise" (the compiled forward)
     bucket_size: int | None = None  # the padded batch of a graph step
     num_padded_rows: int = 0  # bucket_size - requests in the step
     # speculative decoding: {request_id: [drafts verified, drafts accepted]}; rolled-back KV slots of a

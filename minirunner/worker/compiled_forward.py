@@ -72,8 +72,13 @@ class CompiledForward:
                                        options=COMPILE_OPTIONS)
         self.calls = 0  # steps run through the graph (the rest ran eagerly: one token)
 
+    @staticmethod
+    def takes(num_tokens: int) -> bool:
+        """Whether a step of ``num_tokens`` runs through the graph (two tokens or more)."""
+        return num_tokens >= 2
+
     def __call__(self, input_ids: torch.Tensor, meta, kv_caches: list[torch.Tensor], backend) -> torch.Tensor:
-        if input_ids.shape[0] < 2:
+        if not self.takes(input_ids.shape[0]):
             return self.model(input_ids, meta, kv_caches, backend)
         positions = meta.positions
         # one graph for every token count, from the first compile on (no static first graph)

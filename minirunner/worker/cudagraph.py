@@ -28,6 +28,7 @@ from minirunner.spec_decode.rejection_sampler import RejectionSampler
 from minirunner.worker.compile_cache import COMPILE_OPTIONS, configure_compile_cache
 from minirunner.worker.compiled_forward import CompiledForward, own_code
 from minirunner.worker.graph_keys import context_columns, narrow_context
+from minirunner.worker.runner_output import StepGraphInfo
 
 
 class GraphKind(enum.Enum):
@@ -140,6 +141,11 @@ class CudaGraphManager:
         self._pool = None
         if hasattr(backend, "split_decode_by_length"):
             backend.split_decode_by_length = False  # one static decode group, whatever the lengths
+
+    def eager_step_info(self, num_tokens: int) -> StepGraphInfo:
+        """How a step no bucket took ran: "piecewise" through the compiled forward, else "eager"."""
+        piecewise = self.mode == "compile" and self.eager_forward.takes(num_tokens)
+        return StepGraphInfo("piecewise") if piecewise else StepGraphInfo()
 
     def bucket(self, batch_size: int, query_len: int = 1) -> int | None:
         """The bucket a uniform step of ``batch_size`` requests at ``query_len`` tokens each replays, or

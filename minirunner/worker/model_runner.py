@@ -219,6 +219,8 @@ class ModelRunner:
                                                          len(inputs.sample_rows), inputs.meta.max_seq_len)
             return AsyncOutput(out, tokens.clone(), self._logprobs(out.logits, inputs), timer), None
         hidden = self.run_model(inputs)
+        if self.graphs is not None:
+            out.graph = self.graphs.eager_step_info(len(inputs.input_ids))
         out.prompt_logprobs = score_prompts(self.logits_at, hidden, self._prompt_spans(sched))
         if not len(inputs.sample_rows):
             return AsyncOutput(out, timer=timer), None

@@ -17,8 +17,10 @@ from minirunner.logprobs import TokenLogprobs
 
 @dataclass(slots=True)
 class StepGraphInfo:
-    """How a step ran: ``graph`` "eager", "compile" or "cuda"; ``bucket_size`` the padded batch of a
-    graph step (None when eager); ``num_padded_rows`` = bucket_size - requests."""
+    """How a step ran: ``graph`` "eager", "compile" or "cuda" (one replay of a bucket), or "piecewise"
+    (graph_mode="compile", a step no bucket took: the compiled forward, attention eager between its
+    pieces); ``bucket_size`` the padded batch of a bucket step (None otherwise); ``num_padded_rows`` =
+    bucket_size - requests."""
 
     graph: str = "eager"
     bucket_size: int | None = None
