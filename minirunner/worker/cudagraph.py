@@ -10,7 +10,8 @@ It is handed the buffers, the model, the backend and the KV caches, and holds no
 runner. A step reads everything from the buffers and writes nothing but the KV cache and its outputs: it
 must never sync with the host, allocate outside the step's own pool, or read a buffer row that was not
 written for this step (buffers.py writes every row of the bucket, padding rows included). Prefill, mixed
-steps, verify steps of unequal k and batches above the largest bucket stay eager (the runner decides).
+steps, verify steps of unequal k and batches above the largest bucket take no bucket (the runner decides):
+``eager_forward`` runs them, piecewise-compiled under "compile" (worker/compiled_forward.py), else eager.
 """
 
 from __future__ import annotations
@@ -131,8 +132,7 @@ class CudaGraphManager:
         # compile: one step per (key, block-table columns: its rung of the context ladder, graph_keys.py)
         self._steps: dict[tuple[GraphKey, int], Callable[[], tuple[torch.Tensor, torch.Tensor]]] = {}
         self.cache_dir = configure_compile_cache() if mode == "compile" else None
-        # what runs the steps no bucket takes: under "compile" the model compiled with a dynamic token
-        # count, attention opaque (worker/compiled_forward.py); under "cuda" the model, eagerly
+        # what runs the steps no bucket takes (the module docstring says how)
         self.eager_forward = CompiledForward(model) if mode == "compile" else model
         self._graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, tuple]] = {}
         self._verify_cu: dict[tuple[int, int], torch.Tensor] = {}
