@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -245,6 +246,29 @@ def test_close_leaves_no_process():
     assert not [p for p in multiprocessing.active_children() if p.pid in pids]
 
 
+def _lines(proc) -> queue.Queue:
+    """The driver's lines of output, read on a thread, so a test waits on them with a timeout."""
+    lines: queue.Queue = queue.Queue()
+
+    def read():
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put("")  # end of output, as readline() gives it
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def _line(proc, lines: queue.Queue, timeout_s: float = 60.0) -> str:
+    """The next line, or a failure that says what the driver wrote to stderr (never a hang)."""
+    try:
+        return lines.get(timeout=timeout_s)
+    except queue.Empty:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its workers (a session of their own)
+        raise AssertionError(f"no line from the driver within {timeout_s} s; stderr:\n"
+                             f"{proc.stderr.read()}") from None
+
+
 def test_ctrl_c_and_driver_death_leave_no_worker():
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) mid-call: the workers ignore
     it, the driver raises KeyboardInterrupt and closes them. Then a second group's driver is killed:
@@ -266,13 +290,14 @@ def test_ctrl_c_and_driver_death_leave_no_worker():
     proc = subprocess.Popen([sys.executable, "-c", driver], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        first = proc.stdout.readline().split()
+        lines = _lines(proc)
+        first = _line(proc, lines).split()
         assert first[0] == "spinning", proc.stderr.read()
         time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGINT)
-        assert proc.stdout.readline().strip() == "interrupted"
+        assert _line(proc, lines).strip() == "interrupted"
         assert _gone([int(first[1])], within_s=0.0)  # closed before the driver went on
-        second = proc.stdout.readline().split()
+        second = _line(proc, lines).split()
         assert second[:2] == ["second", "2.0"], proc.stderr.read()
         assert proc.wait(timeout=60) == -signal.SIGKILL
         assert _gone([int(second[2])], within_s=5.0)
