@@ -275,6 +275,9 @@ def test_ctrl_c_and_driver_death_leave_no_worker():
     its worker notices and exits."""
     tests = os.path.dirname(os.path.abspath(__file__))
     driver = ("import os, signal\n"
+              # Python's own Ctrl-C handler, as under a terminal: a shell that starts the tests in the
+              # background (no job control) hands its children SIGINT ignored
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
               "from minirunner.distributed import WorkerGroup\n"
               "from tp_helpers import Collectives\n"
               "group = WorkerGroup(2, 'cpu', Collectives)\n"

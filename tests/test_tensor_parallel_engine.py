@@ -171,7 +171,11 @@ def test_ctrl_c_during_generate_leaves_no_worker(tmp_path):
     """Ctrl-C (SIGINT to the process group, as a terminal sends it) while ``generate`` runs: the workers
     ignore it, the driver raises KeyboardInterrupt and the script goes on; when it ends, no worker is left."""
     path = make_tiny_model(tmp_path, "llama_gqa")[0]
-    driver = ("from minirunner import LLM, SamplingParams\n"
+    driver = ("import signal\n"
+              # Python's own Ctrl-C handler, as under a terminal: a shell that starts the tests in the
+              # background (no job control) hands its children SIGINT ignored
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+              "from minirunner import LLM, SamplingParams\n"
               f"llm = LLM({str(path)!r}, tensor_parallel_size=2, device='cpu', num_threads=1)\n"
               "print('ready', *llm.llm_engine.runner.worker_pids(), flush=True)\n"
               "try:\n"
