@@ -42,8 +42,6 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor)
 class _OpaqueAttention:
     """What the traced model sees as its backend: each layer's attention is the opaque op."""
 
-    name = "opaque"
-
     def forward(self, q, k, v, kv_cache, meta):
         return torch.ops.minirunner.step_attention(q, k, v, kv_cache)
 
