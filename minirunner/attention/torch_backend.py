@@ -24,6 +24,7 @@ from minirunner.attention.base import AttentionBackend
 from minirunner.attention.metadata import AttentionMetadata
 from minirunner.attention.torch_ops import (
     gather_rows,
+    paged_decode_cpu,
     paged_decode_fused,
     paged_decode_vectorized,
     paged_prefill_vectorized,
@@ -31,6 +32,7 @@ from minirunner.attention.torch_ops import (
     store_kv_padded,
 )
 from minirunner.core.host_copy import to_device
+from minirunner.kernels import paged_decode_cpu as cpu_kernel
 from minirunner.kv.block_table import cdiv
 
 
@@ -42,6 +44,9 @@ class _DecodeGroup:
     k_rows: torch.Tensor  # int64 [2, n, L]: cache rows of each sequence's K and V slots (gather_rows)
     key_mask: torch.Tensor
     row_valid: torch.Tensor | None
+    # a graph step's block tables and lengths, for the CPU kernel (paged_decode_cpu); None otherwise
+    block_tables: torch.Tensor | None = None
+    seq_lens: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -87,6 +92,16 @@ class TorchAttentionBackend(AttentionBackend):
         # A captured step needs one static decode group (no length-dependent split): graph runners
         # turn this off.
         self.split_decode_by_length = True
+        # Whether a compiled decode step attends through the C kernel (use_cpu_kernel).
+        self.cpu_kernel = False
+
+    def use_cpu_kernel(self, folder) -> bool:
+        """Let compiled decode steps attend through the C kernel (kernels/paged_decode_cpu.py), built
+        into (or found in) ``folder``, where this backend runs float32 on the CPU and it builds. Called
+        by the compile-mode graph runner before its first trace (a build cannot be traced)."""
+        self.cpu_kernel = (self.device.type == "cpu" and self.dtype == torch.float32
+                           and cpu_kernel.load(folder))
+        return self.cpu_kernel
 
     # -- per step ---------------------------------------------------------------------------------
     def plan(self, meta: AttentionMetadata) -> None:
@@ -130,7 +145,8 @@ class TorchAttentionBackend(AttentionBackend):
         if q_len == 1:
             key_mask = (key_pos[None, :] < lens.clamp(min=1)[:, None])[:, None, None, :]
             row_valid = (lens > 0).to(self.dtype)[:, None, None]
-            self._decode = [_DecodeGroup(rows, key_mask, row_valid)]
+            tables = (meta.block_tables, lens) if self.cpu_kernel else (None, None)
+            self._decode = [_DecodeGroup(rows, key_mask, row_valid, *tables)]
             return
         n = lens.shape[0]
         # Query i of a sequence sits at position seq_len - q_len + i; a padding row (seq_len 0) sees key
@@ -245,9 +261,13 @@ class TorchAttentionBackend(AttentionBackend):
         dec, pres = self._decode, self._prefill
         if len(dec) == 1 and self._decode_rows is None:
             g = dec[0]
-            # a compiled step (graph_mode="compile") takes the form inductor fuses; eager, gather + SDPA
-            decode = paged_decode_fused if torch.compiler.is_compiling() else paged_decode_vectorized
-            return decode(q, kv_cache, g.k_rows, g.key_mask, g.row_valid, self.scale)
+            # a compiled step (graph_mode="compile"): the CPU kernel, else the form inductor fuses; eager,
+            # gather + SDPA
+            if not torch.compiler.is_compiling():
+                return paged_decode_vectorized(q, kv_cache, g.k_rows, g.key_mask, g.row_valid, self.scale)
+            if g.block_tables is not None and cpu_kernel.supports(q, kv_cache, g.block_tables, g.seq_lens):
+                return paged_decode_cpu(q, kv_cache, g.block_tables, g.seq_lens, self.scale)
+            return paged_decode_fused(q, kv_cache, g.k_rows, g.key_mask, g.row_valid, self.scale)
         if len(pres) == 1 and pres[0].token_rows is None:  # uniform queries, in order, no decode rows
             pre = pres[0]
             o = paged_prefill_vectorized(q.view(pre.num_seqs, pre.max_q, *q.shape[1:]), kv_cache,

@@ -2,13 +2,18 @@
 tables, and one scaled-dot-product attention over a padded batch (decode, or prefill/extend).
 
 Owns the tensor math only, over indices the backend planned (attention/torch_backend.py); no host sync,
-no Python loop over sequences. Padding rows (slot -1) write the cache's last block (the null block).
+no Python loop over sequences. Padding rows (slot -1) write the cache's last block (the null block). A
+compiled CPU decode step attends through the C kernel (kernels/paged_decode_cpu.py) as the operator
+``minirunner::paged_decode_cpu``, where it builds; else through ``paged_decode_fused``.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from minirunner.custom_ops import define
+from minirunner.kernels import paged_decode_cpu as cpu_kernel
 
 
 def slot_rows(slot_mapping: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
@@ -94,6 +99,12 @@ def paged_decode_fused(q: torch.Tensor, kv_cache: torch.Tensor, k_rows: torch.Te
     p = torch.softmax(scores, dim=1)
     out = (p[..., None] * v[:, :, :, None, :]).sum(1).reshape(s, hq, d).to(q.dtype)  # [S, Hkv, G, D]
     return out if row_valid is None else out * row_valid
+
+
+paged_decode_cpu = define(
+    "paged_decode_cpu(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, float scale) "
+    "-> Tensor",
+    cpu_kernel.paged_decode_cpu, lambda q, kv_cache, block_tables, seq_lens, scale: q.new_empty(q.shape))
 
 
 def paged_prefill_vectorized(q_pad: torch.Tensor, kv_cache: torch.Tensor, k_rows: torch.Tensor,

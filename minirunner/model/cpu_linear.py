@@ -2,7 +2,7 @@
 
 Owns the choice (made once per process and dtype: oneDNN present, and a probe that agrees with
 ``F.linear``), the packing of a weight, and ``packed_linear``: eager calls oneDNN directly; under
-``torch.compile`` the call goes through the custom op ``minirunner::packed_linear``, which inductor keeps
+``torch.compile`` the call goes through the operator ``minirunner::packed_linear``, which inductor keeps
 as one external kernel (it cannot lower oneDNN's linear on a packed weight that is a graph input).
 
 Why: a decode step reads every weight once, and MKL's sgemm repacks the [out, in] weight on every call
@@ -19,6 +19,8 @@ import logging
 
 import torch
 import torch.nn.functional as F
+
+from minirunner.custom_ops import define
 
 logger = logging.getLogger(__name__)
 
@@ -51,15 +53,13 @@ def _onednn(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) ->
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # noqa: SLF001 (torch op)
 
 
-@torch.library.custom_op("minirunner::packed_linear", mutates_args=())
-def _packed_linear_op(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
-                      out_features: int) -> torch.Tensor:
-    return _onednn(x, packed, bias)
-
-
-@_packed_linear_op.register_fake
-def _(x, packed, bias, out_features):
+def _fake_linear(x, packed, bias, out_features):
     return x.new_empty((x.shape[0], out_features))
+
+
+_packed_linear_op = define(
+    "packed_linear(Tensor x, Tensor packed, Tensor? bias, SymInt out_features) -> Tensor",
+    lambda x, packed, bias, out_features: _onednn(x, packed, bias), _fake_linear)
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,

@@ -19,8 +19,9 @@ import torch
 ENV_VAR = "MINIRUNNER_COMPILE_CACHE"
 # No inductor freezing: it folds the weights into each compiled step as constants, and on a warm start
 # re-runs its passes on every step before the cache lookup (seconds per key), for no step time it saves
-# on the embedded model (benchmarks/README.md, "Freezing").
-COMPILE_OPTIONS: dict = {}
+# on the embedded model (benchmarks/README.md, "Freezing"). A C++ wrapper: the code that calls a compiled
+# step's kernels runs in C++, not Python (the decode step's Python overhead; "C++ wrapper" there).
+COMPILE_OPTIONS: dict = {"cpp_wrapper": True}
 logger = logging.getLogger(__name__)
 
 

@@ -21,29 +21,29 @@ from dataclasses import dataclass
 
 import torch
 
+from minirunner.custom_ops import define
 from minirunner.worker.compile_cache import COMPILE_OPTIONS
 
 _step = threading.local()  # .backend, .meta: the step in flight on this thread (set by CompiledForward)
 
 
-@torch.library.custom_op("minirunner::step_attention", mutates_args=("kv_cache",))
-def step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+def _step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor
+                    ) -> torch.Tensor:
     """The backend's forward for this layer on the metadata of the step in flight: writes k and v into
     ``kv_cache`` and returns the attention output [num_tokens, num_q_heads, head_dim], contiguous (the
     layout the graph was traced with)."""
     return _step.backend.forward(q, k, v, kv_cache, _step.meta).contiguous()
 
 
-@step_attention.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
-    return q.new_empty(q.shape)
+step_attention = define("step_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_cache) -> Tensor",
+                        _step_attention, lambda q, k, v, kv_cache: q.new_empty(q.shape))
 
 
 class _OpaqueAttention:
     """What the traced model sees as its backend: each layer's attention is the opaque op."""
 
     def forward(self, q, k, v, kv_cache, meta):
-        return torch.ops.minirunner.step_attention(q, k, v, kv_cache)
+        return step_attention(q, k, v, kv_cache)
 
 
 @dataclass
@@ -98,3 +98,22 @@ def own_code(fn: Callable, name: str) -> Callable:
     dynamo silently runs eager."""
     code = fn.__code__.replace(co_name=name, co_qualname=name)
     return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+def unguarded(fn: Callable, compiled: Callable) -> Callable:
+    """What replays ``fn``'s compiled step after its first call (through ``compiled``, its torch.compile
+    wrapper, which traced and checked it): the code dynamo made of ``fn``, run as a plain function, so
+    each replay skips the wrapper and its guards, as a CUDA graph replays without checking its inputs.
+    Sound for a bucket's step only: a closure with no arguments over the runner's fixed buffers and
+    weights, one compiled entry that nothing replaces (shapes, dtypes and devices never change after
+    start-up). ``compiled`` itself where dynamo holds anything but one entry for ``fn``'s code, or this
+    torch keeps its entries out of reach."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list  # noqa: PLC0415 (private API)
+
+        entries = _debug_get_cache_entry_list(fn.__code__)
+    except (ImportError, AttributeError, TypeError):
+        return compiled
+    if len(entries) != 1:
+        return compiled
+    return types.FunctionType(entries[0].code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)

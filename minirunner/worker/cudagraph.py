@@ -1,4 +1,4 @@
-"""The graph manager: the bucket ladder and one compiled (CPU) or captured (CUDA) step per key.
+"""The graph manager: one compiled (CPU) or captured (CUDA) step per key, over the bucket ladder.
 
 Owns which uniform batches run as one replay (``bucket``, the one rule, capped by the token buffers), the
 step functions over the static buffers (worker/buffers.py) — the decode step, and the uniform verify step
@@ -16,7 +16,6 @@ steps, verify steps of unequal k and batches above the largest bucket take no bu
 
 from __future__ import annotations
 
-import bisect
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,8 +26,13 @@ from minirunner.kernels._triton import use_triton
 from minirunner.kernels.sampling import sample, sample_ref
 from minirunner.spec_decode.rejection_sampler import RejectionSampler
 from minirunner.worker.compile_cache import COMPILE_OPTIONS, configure_compile_cache
-from minirunner.worker.compiled_forward import CompiledForward, own_code
-from minirunner.worker.graph_keys import context_columns, narrow_context
+from minirunner.worker.compiled_forward import CompiledForward, own_code, unguarded
+from minirunner.worker.graph_keys import (  # noqa: F401 (capture_sizes: imported from here too)
+    bucket_for,
+    capture_sizes,
+    context_columns,
+    narrow_context,
+)
 from minirunner.worker.runner_output import StepGraphInfo
 
 
@@ -75,28 +79,6 @@ class GraphKey:
         return f"{what}_step_b{self.size}_q{self.query_len}_{self.kind.value}"
 
 
-def capture_sizes(max_num_seqs: int, sizes: Sequence[int] | None = None) -> list[int]:
-    """The bucket ladder: ``sizes`` (sorted, deduplicated, checked), or by default [1, 2, 4, 8] then
-    multiples of 8 up to ``max_num_seqs`` (vLLM's default ladder shape)."""
-    if sizes is None:
-        ladder = [s for s in (1, 2, 4, 8) if s <= max_num_seqs]
-        return ladder + list(range(16, max_num_seqs + 1, 8))
-    sizes = list(sizes)
-    if not sizes or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes):
-        raise ValueError(f"cudagraph_capture_sizes must be a non-empty list of integers >= 1, got {sizes!r}")
-    too_big = [s for s in sizes if s > max_num_seqs]
-    if too_big:
-        raise ValueError(f"cudagraph_capture_sizes {too_big} exceed max_num_seqs={max_num_seqs}: a decode "
-                         "batch never gets that large; drop them or raise max_num_seqs")
-    return sorted(set(sizes))
-
-
-def bucket_for(batch_size: int, sizes: Sequence[int]) -> int | None:
-    """The smallest captured size >= batch_size, or None (the batch runs eager). ``sizes`` sorted."""
-    i = bisect.bisect_left(sizes, batch_size)
-    return sizes[i] if i < len(sizes) else None
-
-
 class CudaGraphManager:
     """One step per GraphKey, compiled or captured, replayed by ``run``.
 
@@ -141,6 +123,8 @@ class CudaGraphManager:
         self._pool = None
         if hasattr(backend, "split_decode_by_length"):
             backend.split_decode_by_length = False  # one static decode group, whatever the lengths
+        if mode == "compile":  # compiled decode attends through the C kernel where it builds
+            backend.use_cpu_kernel(self.cache_dir / "kernels")
 
     def eager_step_info(self, num_tokens: int) -> StepGraphInfo:
         """How a step no bucket took ran: "piecewise" through the compiled forward, else "eager"."""
@@ -257,10 +241,12 @@ class CudaGraphManager:
         if self.mode == "compile":
             columns = context_columns(max_seq_len, self.buffers.block_size, self.buffers.max_blocks_per_seq)
             step = self._steps.get((key, columns))
-            if step is None:
+            if step is None:  # compile (or load) and check it once; replays skip the checks
                 fn = own_code(self.step_fn(key, columns), f"{key.name}_c{columns}")
-                step = self._steps[(key, columns)] = torch.compile(fn, dynamic=False, fullgraph=True,
-                                                                   options=COMPILE_OPTIONS)
+                compiled = torch.compile(fn, dynamic=False, fullgraph=True, options=COMPILE_OPTIONS)
+                outputs = compiled()
+                self._steps[(key, columns)] = unguarded(fn, compiled)
+                return outputs
             return step()
         self.backend.prepare_replay(self.buffers.static_meta(key.size, key.query_len), key.size)
         if key not in self._graphs:

@@ -1,14 +1,18 @@
-"""The context ladder of compiled decode steps: how many block-table columns a compiled step attends over.
+"""The two ladders of graph steps: the bucket ladder (how many rows a replayed step pads a batch to) and
+the context ladder of compiled decode steps (how many block-table columns a compiled step attends over).
 
-Owns the rung rule (64 tokens' worth of columns, then doubling, capped at the table width) and the
-narrowed metadata a compiled step reads (the first ``columns`` columns of the static block tables), so a
-compiled step gathers the keys its batch needs rounded up to a rung, not the whole table width. It never
-writes a buffer and never compiles anything (worker/cudagraph.py does).
+Owns the bucket rule (``capture_sizes``, ``bucket_for``), the rung rule (64 tokens' worth of columns,
+then doubling, capped at the table width) and the narrowed metadata a compiled step reads (the first
+``columns`` columns of the static block tables), so a compiled step gathers the keys its batch needs
+rounded up to a rung, not the whole table width. It never writes a buffer and never compiles anything
+(worker/cudagraph.py does).
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+from collections.abc import Sequence
 
 from minirunner.attention.metadata import AttentionMetadata
 from minirunner.kv.block_table import cdiv
@@ -52,3 +56,25 @@ def narrow_context(meta: AttentionMetadata, columns: int) -> AttentionMetadata:
     return dataclasses.replace(meta, block_tables=meta.block_tables[:, :columns],
                                block_tables_cpu=None if host is None else host[:, :columns],
                                max_seq_len=columns * meta.block_size)
+
+
+def capture_sizes(max_num_seqs: int, sizes: Sequence[int] | None = None) -> list[int]:
+    """The bucket ladder: ``sizes`` (sorted, deduplicated, checked), or by default [1, 2, 4, 8] then
+    multiples of 8 up to ``max_num_seqs`` (vLLM's default ladder shape)."""
+    if sizes is None:
+        ladder = [s for s in (1, 2, 4, 8) if s <= max_num_seqs]
+        return ladder + list(range(16, max_num_seqs + 1, 8))
+    sizes = list(sizes)
+    if not sizes or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes):
+        raise ValueError(f"cudagraph_capture_sizes must be a non-empty list of integers >= 1, got {sizes!r}")
+    too_big = [s for s in sizes if s > max_num_seqs]
+    if too_big:
+        raise ValueError(f"cudagraph_capture_sizes {too_big} exceed max_num_seqs={max_num_seqs}: a decode "
+                         "batch never gets that large; drop them or raise max_num_seqs")
+    return sorted(set(sizes))
+
+
+def bucket_for(batch_size: int, sizes: Sequence[int]) -> int | None:
+    """The smallest captured size >= batch_size, or None (the batch runs eager). ``sizes`` sorted."""
+    i = bisect.bisect_left(sizes, batch_size)
+    return sizes[i] if i < len(sizes) else None
