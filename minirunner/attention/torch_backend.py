@@ -95,13 +95,12 @@ class TorchAttentionBackend(AttentionBackend):
         # Whether a compiled decode step attends through the C kernel (use_cpu_kernel).
         self.cpu_kernel = False
 
-    def use_cpu_kernel(self, folder) -> bool:
+    def use_cpu_kernel(self, folder) -> None:
         """Let compiled decode steps attend through the C kernel (kernels/paged_decode_cpu.py), built
         into (or found in) ``folder``, where this backend runs float32 on the CPU and it builds. Called
         by the compile-mode graph runner before its first trace (a build cannot be traced)."""
         self.cpu_kernel = (self.device.type == "cpu" and self.dtype == torch.float32
                            and cpu_kernel.load(folder))
-        return self.cpu_kernel
 
     # -- per step ---------------------------------------------------------------------------------
     def plan(self, meta: AttentionMetadata) -> None:

@@ -3,7 +3,7 @@
 A compiled CPU decode step (graph_mode="compile") attends through it: a loop bounded by each sequence's
 length, where the torch formulations attend over a padded width (every row to its rung, or a gathered
 copy first). It is the twin of ``paged_attention_ref.paged_decode_ref`` (same arguments and result, float32
-only). Built with the C compiler inductor uses on a CPU (``CC``, else cc, gcc or clang), for this machine's
+only). Built with the system's C compiler (``CC``, else cc, gcc or clang), for this machine's
 instruction set, into the folder the caller names, under a name keyed by the source, the flags, the
 compiler and the CPU; built at most once per process, on first use. Where no compiler builds it,
 ``load`` says False and callers keep their torch form. Nothing here imports minirunner.
