@@ -14,9 +14,12 @@
 
 #define CHUNK 64
 
-void paged_decode_f32(const float *q, const float *kv, const int32_t *block_tables, const int32_t *seq_lens,
-                      float *out, int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                      int64_t block_size, int64_t table_stride, int64_t table_width, float scale) {
+/* The kernel for any head_dim; inlined below with head_dim a constant for the common sizes, so the
+ * compiler unrolls the head_dim loops and keeps the output row in registers. */
+static inline __attribute__((always_inline)) void
+attend(const float *q, const float *kv, const int32_t *block_tables, const int32_t *seq_lens, float *out,
+       int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+       int64_t table_stride, int64_t table_width, float scale) {
     const int64_t group = num_q_heads / num_kv_heads;
     const int64_t row = num_kv_heads * head_dim; /* one token's K (or V) in a block */
     const int64_t block = 2 * block_size * row;  /* one block: its K rows, then its V rows */
@@ -63,4 +66,18 @@ void paged_decode_f32(const float *q, const float *kv, const int32_t *block_tabl
             for (int64_t d = 0; d < head_dim; d++) o[d] = acc[d] * inv;
         }
     }
+}
+
+void paged_decode_f32(const float *q, const float *kv, const int32_t *block_tables, const int32_t *seq_lens,
+                      float *out, int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                      int64_t block_size, int64_t table_stride, int64_t table_width, float scale) {
+#define ATTEND(D) attend(q, kv, block_tables, seq_lens, out, num_seqs, num_q_heads, num_kv_heads, D, block_size, \
+                         table_stride, table_width, scale)
+    if (head_dim == 64)
+        ATTEND(64);
+    else if (head_dim == 128)
+        ATTEND(128);
+    else
+        ATTEND(head_dim);
+#undef ATTEND
 }

@@ -111,7 +111,8 @@ class CudaGraphManager:
         self.sizes = [s for s in sizes if s <= self.max_tokens]
         self.max_draft_tokens = max_draft_tokens
         self.extra_query_lens = tuple(extra_query_lens)
-        # compile: one step per (key, block-table columns: its rung of the context ladder, graph_keys.py)
+        # compile: one step per (key, block-table columns: its rung of the context ladder, graph_keys.py;
+        # the full width only for a decode step through the C kernel, ``_columns``)
         self._steps: dict[tuple[GraphKey, int], Callable[[], tuple[torch.Tensor, torch.Tensor]]] = {}
         self.cache_dir = configure_compile_cache() if mode == "compile" else None
         # what runs the steps no bucket takes (the module docstring says how)
@@ -236,10 +237,10 @@ class CudaGraphManager:
 
     def run(self, key: GraphKey, max_seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay ``key``'s step (compiled on first use, per context rung of ``max_seq_len``, the batch's
-        longest sequence: None is the full width; captured at start-up). Every row [0, size) of the
-        buffers is already written. Outputs are valid until the next replay."""
+        longest sequence, where the step's attention needs one (``_columns``); captured at start-up).
+        Every row [0, size) of the buffers is already written. Outputs are valid until the next replay."""
         if self.mode == "compile":
-            columns = context_columns(max_seq_len, self.buffers.block_size, self.buffers.max_blocks_per_seq)
+            columns = self._columns(key, max_seq_len)
             step = self._steps.get((key, columns))
             if step is None:  # compile (or load) and check it once; replays skip the checks
                 fn = own_code(self.step_fn(key, columns), f"{key.name}_c{columns}")
@@ -255,6 +256,14 @@ class CudaGraphManager:
         graph, outputs = self._graphs[key]
         graph.replay()
         return outputs
+
+    def _columns(self, key: GraphKey, max_seq_len: int | None) -> int:
+        """The block-table columns ``key``'s compiled step attends over at ``max_seq_len``: its context
+        rung; the full width for a decode step that attends through the C kernel, which reads each row up
+        to its own length whatever the width (one compile per key, not one per rung)."""
+        if key.query_len == 1 and self.backend.cpu_kernel:
+            max_seq_len = None
+        return context_columns(max_seq_len, self.buffers.block_size, self.buffers.max_blocks_per_seq)
 
     # -- CUDA graphs ------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -1,11 +1,13 @@
 """The two ladders of graph steps: the bucket ladder (how many rows a replayed step pads a batch to) and
-the context ladder of compiled decode steps (how many block-table columns a compiled step attends over).
+the context ladder of compiled steps (how many block-table columns a compiled step attends over).
 
 Owns the bucket rule (``capture_sizes``, ``bucket_for``), the rung rule (64 tokens' worth of columns,
 then doubling, capped at the table width) and the narrowed metadata a compiled step reads (the first
-``columns`` columns of the static block tables), so a compiled step gathers the keys its batch needs
-rounded up to a rung, not the whole table width. It never writes a buffer and never compiles anything
-(worker/cudagraph.py does).
+``columns`` columns of the static block tables), so a compiled step whose attention runs over a padded
+width (verify steps; decode steps where the C decode kernel is not built) gathers the keys its batch
+needs rounded up to a rung, not the whole table width. A decode step through the C kernel reads each row
+up to its own length and is compiled at the full width only (cudagraph.py, ``_columns``). It never
+writes a buffer and never compiles anything (worker/cudagraph.py does).
 """
 
 from __future__ import annotations
