@@ -4,7 +4,7 @@ Three measurements, each in alternating pairs on one machine (eager, compiled, t
 so a noisy shared machine slows both alike; every figure is a median with its range (min-max of the
 per-pair ratios):
 
-- decode step at batch 1, 8 and 32 (engine steps, greedy, short context: the first context rung), the two
+- decode step at batch 1, 8 and 32 (engine steps, greedy, 16-token prompts), the two
   engines taking turns of ``--block`` steps each; the ratio is per turn pair (median step of each turn).
   A turn of one step measures each engine just after the other evicted its code and data from the
   caches, which an engine running alone never meets (``--block 1`` gives that figure);
@@ -121,7 +121,7 @@ def ragged(pairs: int, engines: dict, n: int = 64) -> dict:
     """64 ragged requests end to end: seconds per ``generate``, and the per-pair eager/compiled ratio."""
     prompts, params = ragged_workload(n)
     warm, times, outs = {}, {name: [] for name in engines}, {}
-    for name, llm in engines.items():  # warm-up: compiles every bucket and rung the run replays
+    for name, llm in engines.items():  # warm-up: compiles every step the run replays
         t0 = time.perf_counter()
         outs[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         warm[name] = time.perf_counter() - t0
