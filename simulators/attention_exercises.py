@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simulators.attention import PagedKV, split_partials
-from simulators.exercises import Exercise, Verdict, parse_choice, parse_float
+from simulators.exercises import Exercise, Verdict, choice_exercise, parse_float
 from simulators.hinted_exercises import HintedExercise, HintedTask, hinted
 
 __all__ = ["make_merge_exercise", "make_order_exercise", "make_regime_exercise", "online_softmax_task",
@@ -122,43 +122,23 @@ _REGIMES = {
 }
 
 
-def _choice_exercise(seed: int, question: str, right: tuple[str, str], wrongs: list[tuple[str, str]],
-                     hint: str) -> HintedExercise:
-    rng = random.Random(seed)
-    options = [right, *wrongs]
-    rng.shuffle(options)
-    letters = "abc"
-    answer = letters[options.index(right)]
-    text = question + "\n" + "\n".join(f"({c}) {o[0]}" for c, o in zip(letters, options, strict=True)) + \
-        "\nAnswer a, b or c."
-    why = dict(zip(letters, (o[1] for o in options), strict=True))
-
-    def diagnose(ans) -> Verdict:
-        c = parse_choice(ans, letters)
-        if c is None:
-            return Verdict(False, 'answer "a", "b" or "c".')
-        return Verdict(c == answer, why[c] + ".")
-
-    return hinted(Exercise(seed, text, answer, diagnose, hint=hint))
-
-
 def make_order_exercise(seed: int) -> HintedExercise:
     """Predict: the same softmax in another reduction order; what happens to the output's bits?"""
     rng = random.Random(seed)
     change = rng.choice(_ORDERS)
     right, wrongs = _ORDER_OPTIONS
-    return _choice_exercise(seed, f"Predict, before the next cell measures it: {change}. Compared with the "
-                                  "first run's output, what do you expect?", right, list(wrongs),
-                            hint="ask what a float32 add does with the order of its terms.")
+    question = (f"Predict, before the next cell measures it: {change}. Compared with the first run's output, "
+                "what do you expect?")
+    return hinted(choice_exercise(seed, rng, question, right, list(wrongs),
+                                  hint="ask what a float32 add does with the order of its terms."))
 
 
 def make_regime_exercise(seed: int) -> HintedExercise:
     """Explain: why the 2023 kernel loses in one regime (parallelism, GQA re-reads, no tensor cores)."""
     rng = random.Random(seed)
     question, right, wrongs = _REGIMES[rng.choice(sorted(_REGIMES))]
-    return _choice_exercise(seed, question, right, wrongs,
-                            hint="count the thread blocks and what each one reads, and compare with the "
-                                 "GPU's SMs and bytes.")
+    hint = "count the thread blocks and what each one reads, and compare with the GPU's SMs and bytes."
+    return hinted(choice_exercise(seed, rng, question, right, wrongs, hint=hint))
 
 
 # ---------------------------------------------------------------------------------------------
