@@ -52,8 +52,8 @@ def llms():
 
 
 def _params(structured, n=N, max_tokens=100, **kw):
-    return [SamplingParams(temperature=1.0, seed=i, max_tokens=max_tokens, structured_outputs=structured, **kw)
-            for i in range(n)]
+    return [SamplingParams(temperature=1.0, seed=i, max_tokens=max_tokens, structured_outputs=structured,
+                           **kw) for i in range(n)]
 
 
 def _texts(llm, params):
@@ -180,7 +180,8 @@ def test_drafts_fill_one_mask_each_and_a_refused_draft_never_advances_the_matche
                               output_token_ids=[], is_finished=False)
 
     def step(drafts):
-        return manager.bitmasks([SimpleNamespace(request=request, is_sampling=True, draft_token_ids=drafts)])["r"]
+        scheduled = SimpleNamespace(request=request, is_sampling=True, draft_token_ids=drafts)
+        return manager.bitmasks([scheduled])["r"]
 
     def allowed(row):
         return {t for t in range(1024) if (row[t // 32] >> (t % 32)) & 1}
