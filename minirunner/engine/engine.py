@@ -35,6 +35,7 @@ from minirunner.metrics.reader import Metric
 from minirunner.metrics.stats import EngineMetrics
 from minirunner.outputs import RequestOutput, build_request_output
 from minirunner.sampling_params import SamplingParams
+from minirunner.structured_output.manager import StructuredOutputManager
 from minirunner.tokenizer import load_tokenizer
 from minirunner.worker.runner_output import RunnerOutput, StepGraphInfo
 
@@ -64,9 +65,11 @@ class LLMEngine(FreezesStartupHeap):
         self.scheduler, self.runner, self.spec = parts.scheduler, parts.runner, parts.spec
         self.pending: InFlightStep | None = None  # async scheduling: the step launched, not yet read
         self.check_no_sync = False  # CUDA: raise if preparing and launching a step waits for the device
+        self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_token_ids)
         self.input_processor = InputProcessor(self.tokenizer, mc.vocab_size, config.max_model_len,
                                               config.max_logprobs, self.kv.reservation_blocks,
-                                              lambda: self.num_kv_blocks, config.kv_layout == "paged")
+                                              lambda: self.num_kv_blocks, config.kv_layout == "paged",
+                                              self.structured.compile)
         self.output_processor = OutputProcessor(self.tokenizer, self.kv)
         self.metrics = EngineMetrics.for_engine(config, parts.spec_config)  # the one set: get_metrics
         self.scheduler.metrics = self.metrics  # admissions are prefix-cache queries
@@ -148,6 +151,7 @@ class LLMEngine(FreezesStartupHeap):
         """Free a finished or aborted request's blocks and its runner state."""
         self.scheduler.finish(request)
         self.runner.finish_request(request.request_id)  # and its drafter's state
+        self.structured.free(request.request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or self.pending is not None
@@ -206,6 +210,7 @@ class LLMEngine(FreezesStartupHeap):
             k = self.spec.plan(self.scheduler.running, self.scheduler.may_join())
             propose_s = self.spec.propose_s
         sched = self.scheduler.schedule(k)
+        sched.output.grammar_bitmask = self.structured.bitmasks(sched.scheduled)
         self.metrics.record_schedule(len(sched.preempted))
         for request_id in sched.preempted:
             self.runner.free_request(request_id)
@@ -248,6 +253,7 @@ class LLMEngine(FreezesStartupHeap):
         live = None if self.spec is None else [
             (s, run) for s, run in zip(sampling, out.runs, strict=True) if not s.request.is_finished]
         applied = self.output_processor.apply(step.sched, out, self.requests)
+        self.structured.accept(applied.produced)
         for children in applied.forked:
             self.scheduler.add_forked(children)
         spec_runs = {}

@@ -17,7 +17,7 @@ from minirunner.spec_decode.draft_model import DraftModelProposer
 from minirunner.spec_decode.dynamic import AcceptanceDrivenK
 from minirunner.spec_decode.metrics import SpecStats
 from minirunner.spec_decode.ngram import NgramProposer
-from minirunner.worker.logits_processing import needs_logits_processing
+from minirunner.worker.logits_processing import needs_logits_processors
 from minirunner.worker.runner_output import RunnerOutput
 
 
@@ -110,5 +110,6 @@ class Speculator:
 
 
 def needs_plain_sampling(request: Request) -> bool:
-    """Does the request need what only the plain sampler does (logits processors, sampled logprobs)?"""
-    return needs_logits_processing(request) or request.params.logprobs is not None
+    """Does the request need what only the plain sampler does (logits processors, sampled logprobs)? A
+    grammar does not: its bitmask applies to the verified rows too (structured_output/)."""
+    return needs_logits_processors(request) or request.params.logprobs is not None
