@@ -16,10 +16,7 @@ import random
 import time
 from dataclasses import dataclass
 
-import torch
-
 from minirunner.config import EngineConfig, ModelConfig
-from minirunner.core.gc_heap import FreezesStartupHeap
 from minirunner.core.sync_check import sync_check
 from minirunner.engine.build import build_engine
 from minirunner.engine.detokenizer import IncrementalDetokenizer
@@ -30,6 +27,7 @@ from minirunner.engine.parallel_sampling import child_id, child_seed
 from minirunner.engine.request import Request
 from minirunner.engine.request_queue import check_priority
 from minirunner.engine.trace import StepTracer
+from minirunner.engine_scope import EngineScope, in_engine_scope
 from minirunner.generation_config import generation_eos_ids
 from minirunner.metrics.reader import Metric
 from minirunner.metrics.stats import EngineMetrics
@@ -49,7 +47,7 @@ class EngineStep:
     runner_output: RunnerOutput | None = None
 
 
-class LLMEngine(FreezesStartupHeap):
+class LLMEngine:
     def __init__(self, config: EngineConfig, model_config: ModelConfig | None = None):
         self.model_config = mc = model_config or ModelConfig.from_dir(config.model)
         self.config = config = config.resolved(mc)
@@ -57,9 +55,10 @@ class LLMEngine(FreezesStartupHeap):
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_token_ids = (frozenset(mc.eos_token_ids) | generation_eos_ids(config.model)
                               | frozenset(() if tokenizer_eos is None else (tokenizer_eos,)))
-        torch.manual_seed(config.seed)
-        self._rng = random.Random(config.seed)
-        parts = build_engine(config, mc)
+        self._rng = random.Random(config.seed)  # private: the caller's generators are never seeded
+        self.scope = EngineScope.for_config(config)  # threads, compile cache: set for its work only
+        with self.scope.applied():
+            parts = build_engine(config, mc)
         self.num_threads, self.model, self.backend = parts.num_threads, parts.model, parts.backend
         self.num_kv_blocks, self.kv, self.block_pool = parts.num_kv_blocks, parts.kv, parts.kv.pool
         self.scheduler, self.runner, self.spec = parts.scheduler, parts.runner, parts.spec
@@ -162,6 +161,7 @@ class LLMEngine(FreezesStartupHeap):
         produced a token or finished (more than one token when speculative drafts were accepted)."""
         return self.execute_step().produced
 
+    @in_engine_scope
     def execute_step(self) -> EngineStep:
         """One step: schedule → execute (launch; drafts are proposed after sampling) → apply → trace.
         Synchronous: the step is launched and applied here. With ``async_scheduling`` the step
