@@ -9,8 +9,8 @@ draft token / plain step seconds, v = verify step seconds / plain step seconds. 
 than a plain step (k + 1 rows, the rejection sampler, the rollback), and v is what decides whether
 speculation pays at all. Until a plain step is timed the rule takes v = 1 (Leviathan et al.'s assumption)
 and, while it speculates, asks for one plain step (k = 0) at each probe. A configured ``cost_ratio`` is c
-per verify step (v as measured). When k is 0 (speculation does not pay), every ``PROBE_EVERY``-th step still proposes one
-draft so alpha and c keep being measured. Never proposes tokens itself.
+per verify step (v as measured). When k is 0 (speculation does not pay), every ``PROBE_EVERY``-th step
+still proposes one draft so alpha and c keep being measured. Never proposes tokens itself.
 """
 
 from __future__ import annotations
