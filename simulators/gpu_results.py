@@ -157,7 +157,9 @@ def gpu_line(name: str, run: GpuRun | None, cpu: str | None = None) -> str:
     on a GPU yet", and the CPU figure beside it when one is given."""
     fig = run.figure(name) if run is not None else None
     if fig is None:
-        gpu = f"GPU: {NOT_MEASURED}" + ("" if run is None else f" (no {name} in the run on {run.gpu})")
+        block = run.blocks.get(name.split(".")[0]) if run is not None else None
+        why = f": its {name.split('.')[0]} block {block}" if block and block != "passed" else ""
+        gpu = f"GPU: {NOT_MEASURED}" + ("" if run is None else f" (no {name} in the run on {run.gpu}{why})")
     else:
         gpu = f"GPU ({run.describe()}): {fig} — {fig.what}"
         if name.startswith("graphs.") and run.anomalies():

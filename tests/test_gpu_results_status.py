@@ -42,6 +42,8 @@ def test_a_partial_run_says_so_wherever_a_figure_is_printed():
                             {"graphs": "passed", "serving": "timed out", "spec_decode": "failed (rc 1)"}))
     line = gpu_line("graphs.batch1.graph_step_ms", run)
     assert "a partial run" in line and "serving timed out" in line and "spec_decode failed (rc 1)" in line
+    missing = gpu_line("spec_decode.text/draft_model.speedup_vs_plain", run)
+    assert "not measured on a GPU yet" in missing and "spec_decode block failed (rc 1)" in missing
     full = parse_gpu_run(doc({"graphs.batch1.graph_step_ms": step(3.8)}, {"graphs": "passed"}))
     assert "all 1 blocks passed" in full.describe() and "partial" not in full.describe()
     with pytest.raises(ValueError, match="blocks"):
