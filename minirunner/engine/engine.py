@@ -261,8 +261,10 @@ class LLMEngine:
             self.scheduler.update_from_output([s for s, _ in live], [run for _, run in live])
             # the target's device time, read with the output (a GPU's launch returns before it runs)
             verify_s = out.device_s if out.device_s is not None else step.verify_s
+            plain = all(s.num_new_tokens == 1 and s.is_sampling and not s.draft_token_ids
+                        for s in step.sched.scheduled)
             spec_runs = self.spec.verified([s for s, _ in live], [run for _, run in live], self.kv,
-                                           step.propose_s, verify_s)
+                                           step.propose_s, verify_s, plain_decode=plain)
             self.scheduler.update_draft_token_ids(self.spec.take_drafts(out))
         occupancy = self.tracer.occupancy()  # the step's peak: before finished requests free blocks
         for request in applied.done:
