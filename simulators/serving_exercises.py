@@ -242,7 +242,7 @@ QUESTIONS = {
         "offline step-time fit with it). Where does the knee move, by how much, and what happens to p50 ITL "
         "below and above the knee? Explain each change with the step-time model, and say where the model's "
         "prediction and your measurement differ and why."),
-    2: ("In section 4, vary the token budget (BUDGETS) down to 8 and up to 512, and the long prompt's "
+    2: ("In section 5a, vary the token budget (BUDGETS) down to 8 and up to 512, and the long prompt's "
         "length. Plot the decoders' worst inter-token gap and the long request's TTFT against the budget. "
         "Which budget would you pick for an ITL bound of twice the plain decode step, what does it cost "
         "the long request, and why does a smaller budget stop helping?"),

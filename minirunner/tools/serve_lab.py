@@ -19,10 +19,12 @@ import sys
 import tempfile
 import time
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ServerProcess", "LoadRun", "RequestRecord", "bench_serve", "free_port", "process_cpu_s"]
+__all__ = ["ServerProcess", "LoadRun", "RequestRecord", "bench_serve", "children_cpu_s", "free_port",
+           "process_cpu_s"]
 
 
 def free_port() -> int:
@@ -38,6 +40,17 @@ def process_cpu_s(pid: int) -> float | None:
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float | None:
+    """User + system CPU seconds of this process's finished children (a ``bench serve`` run); None where
+    the platform has no ``resource`` module (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 class ServerProcess:
@@ -111,6 +124,15 @@ class ServerProcess:
         if self._log is not None and not self._log.closed:
             self._log.close()
         return self.proc.returncode
+
+    @contextmanager
+    def guard(self):
+        """Stop the server if the block raises (a notebook cell that fails does not leave it running)."""
+        try:
+            yield self
+        except BaseException:
+            self.stop()
+            raise
 
     def __enter__(self) -> ServerProcess:
         return self.start()
