@@ -53,7 +53,7 @@ class OpenAIServing:
         return int(time.time())
 
     async def prepare(self, prompts: list, params: SamplingParams) -> list:
-        """Validate every prompt in the engine thread; a prompt that with max_tokens would pass the
+        """Validate every prompt in the tokenizer pool; a prompt that with max_tokens would pass the
         context is refused (vLLM's rule), as is any the engine refuses: APIError, nothing queued."""
         try:
             processed = await self.engine.process_inputs(prompts, [params] * len(prompts))
