@@ -18,6 +18,7 @@ from minirunner.kernels._triton import use_triton
 from minirunner.kernels.sampling import sample, sample_ref
 from minirunner.logprobs import TokenLogprobs, score_tokens
 from minirunner.spec_decode.rejection_sampler import RejectionSampler
+from minirunner.structured_output.bitmask import apply_grammar_bitmasks
 from minirunner.worker.cudagraph import GraphKind
 from minirunner.worker.logits_processing import (
     LogitsProcessors,
@@ -38,9 +39,11 @@ class Sampler:
                positions: torch.Tensor) -> torch.Tensor:
         """One token per sampling request: int64 [num_sampling]. logits: fp32 [num_sampling, vocab];
         rows: their state rows; positions: int64 [num_sampling], each token's position (the seeded
-        noise is keyed by it). Logit bias, min_tokens, penalties and min_p apply first (only when some
-        request asks for them); an all-greedy batch is then one argmax, and the top-k/top-p sort runs
-        only when some request in the batch asks for it."""
+        noise is keyed by it). A structured-output request's grammar bitmask, then logit bias,
+        min_tokens, penalties and min_p apply first (only when some request asks for them); an
+        all-greedy batch is then one argmax, and the top-k/top-p sort runs only when some request in
+        the batch asks for it."""
+        logits = apply_grammar_bitmasks(logits, requests)
         logits = apply_logits_processors(logits, self.logits_processors.prepare(requests))
         state = self.state
         temps = state.temperature[rows]
@@ -67,6 +70,7 @@ class Sampler:
         None for one-hot (n-gram) drafts."""
         state, dev = self.state, logits.device
         temps = state.temperature[rows]
+        logits = apply_grammar_bitmasks(logits, [state.requests[r] for r in rows], num_drafts)
 
         def put(arr: np.ndarray) -> torch.Tensor:
             return to_device(arr, dev)

@@ -53,7 +53,9 @@ class SchedulerOutput:
     ``scheduled_spec_decode_tokens``: the drafts that follow them; ``in_flight_req_ids``: requests
     whose last query token is still on the device (sampled by the step in flight);
     ``sampling_req_ids``: requests whose query reaches their last token, so the step samples for them;
-    ``num_spec_tokens``: how many drafts the worker proposes after sampling, for the next step (k)."""
+    ``num_spec_tokens``: how many drafts the worker proposes after sampling, for the next step (k);
+    ``grammar_bitmask``: per structured-output request that samples, int32 [1 + drafts, ceil(vocab / 32)],
+    bit t of row i set when token t is allowed at its i-th sampled position (structured_output/)."""
 
     scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
     scheduled_cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
@@ -64,6 +66,7 @@ class SchedulerOutput:
     sampling_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: list[str] = field(default_factory=list)
     num_spec_tokens: int = 0
+    grammar_bitmask: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -22,11 +22,9 @@ MAX_N = 128
 INT64 = 2**63
 INT32 = 2**31
 logger = logging.getLogger(__name__)
-# Structured-output fields: known (never "ignored"), refused until structured output is served
-# (entrypoints/openai/structured.py maps them once it is).
-STRUCTURED_OUTPUT_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice",
-                            "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern",
-                            "structural_tag")
+# vLLM fields whose feature is not served here: refused with a 400, never ignored (the structured-output
+# fields this server serves are declared on SamplingFields; entrypoints/openai/structured.py maps them).
+STRUCTURED_OUTPUT_FIELDS = ("structural_tag",)
 
 
 class APIError(Exception):
@@ -56,7 +54,7 @@ class RequestModel(OpenAIModel):
         extra = sorted(self.model_extra or {})
         for name in extra:
             if name in STRUCTURED_OUTPUT_FIELDS and self.model_extra[name] is not None:
-                raise APIError(f"{name} (structured output) is not supported by this server",
+                raise APIError(f"{name} is not supported by this server",
                                param=name)
         return [name for name in extra if name not in STRUCTURED_OUTPUT_FIELDS]
 
@@ -104,6 +102,13 @@ class SamplingFields(RequestModel):
     use_beam_search: bool = False
     best_of: int | None = None
     request_id: str | None = None  # vLLM's: the response id (an engine id stays unique)
+    # structured output (entrypoints/openai/structured.py)
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     def sampling_params(self, defaults: SamplingParams, max_tokens: int | None,
                         logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
@@ -131,6 +136,9 @@ class SamplingFields(RequestModel):
             except ValueError:
                 raise APIError("logit_bias keys must be token ids (integers as strings)",
                                param="logit_bias") from None
+        from minirunner.entrypoints.openai.structured import structured_outputs_from_request
+
+        structured = structured_outputs_from_request(self)
         try:
             return SamplingParams(
                 n=self.n, max_tokens=max_tokens, seed=self.seed, stop=self.stop,
@@ -138,7 +146,8 @@ class SamplingFields(RequestModel):
                 include_stop_str_in_output=self.include_stop_str_in_output, ignore_eos=self.ignore_eos,
                 logprobs=logprobs, prompt_logprobs=prompt_logprobs, logit_bias=bias,
                 skip_special_tokens=self.skip_special_tokens, allowed_token_ids=self.allowed_token_ids,
-                bad_words=self.bad_words, truncate_prompt_tokens=self.truncate_prompt_tokens, **fields)
+                bad_words=self.bad_words, truncate_prompt_tokens=self.truncate_prompt_tokens,
+                structured_outputs=structured, **fields)
         except (ValueError, TypeError) as e:
             raise APIError(str(e)) from None
 
@@ -210,14 +219,10 @@ class ChatCompletionRequest(SamplingFields):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
-    response_format: dict[str, Any] | None = None
     tools: list | None = None
     tool_choice: Literal["none"] | None = None
 
     def checked(self) -> ChatCompletionRequest:
-        if self.response_format not in (None, {"type": "text"}):
-            raise APIError("response_format other than {'type': 'text'} is not supported here "
-                           "(no structured output)", param="response_format")
         if self.tools:
             raise APIError("tools are not supported here (no tool calling)", param="tools")
         if self.top_logprobs is not None and not self.logprobs:

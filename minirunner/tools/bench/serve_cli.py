@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -128,7 +127,9 @@ def run_bench_serve(args) -> int:
         return 2
     endpoint = "/v1/chat/completions" if args.backend == "openai-chat" else args.endpoint
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
-    api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
+    from minirunner import envs
+
+    api_key = args.api_key or envs.OPENAI_API_KEY
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         r = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=30)
