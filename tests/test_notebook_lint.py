@@ -46,7 +46,8 @@ def test_the_course_notebooks_exist():
     names = [p.name for p in NOTEBOOKS]
     for expected in ("01_virtual_memory.ipynb", "02_kv_cache_memory.ipynb",
                      "03_block_tables.ipynb", "04_launch_overhead.ipynb", "05_cuda_graphs.ipynb",
-                     "06_speculative_decoding.ipynb", "07_model_runner_v2.ipynb"):
+                     "06_speculative_decoding.ipynb", "07_model_runner_v2.ipynb",
+                     "08_attention_kernels.ipynb", "09_serving_under_load.ipynb"):
         assert expected in names
 
 
