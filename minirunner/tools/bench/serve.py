@@ -20,9 +20,10 @@ import numpy as np
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
-# A chunk that carries text (completions' "text" or chat's "content" not empty), compact JSON or not: the
-# timing loop only looks for it, and the chunks are parsed once the load is over (a light client).
-_HAS_TEXT = re.compile(rb'"(?:text|content)": ?"(?!")')
+# A chunk with a choice counts as a token arrival (vLLM's client), except the usage chunk (no choice) and
+# chat's opening role chunk; the timing loop only looks, and the chunks are parsed once the load is over
+# (a light client).
+_NO_CHOICE = re.compile(rb'"choices": ?\[\]')
 
 
 @dataclass
@@ -108,7 +109,7 @@ async def _one(session, url: str, body: dict, prompt_len: int, headers: dict, ba
                     if not event.startswith(b"data: {"):
                         continue
                     out.chunks.append(event[6:])
-                    if not _HAS_TEXT.search(event):
+                    if b'"choices"' not in event or _NO_CHOICE.search(event) or b'"role"' in event:
                         continue
                     if out.ttft == 0.0:
                         out.ttft = now - start

@@ -76,11 +76,11 @@ def add_bench_serve_parser(bench: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=run_bench_serve)
 
 
-def _requests(args, tokenizer, vocab_size: int, max_len: int) -> list:
-    if args.dataset_name == "random":
+def _requests(args, tokenizer, vocab_size: int, max_len: int, endpoint: str) -> list:
+    if args.dataset_name == "random":  # token ids to completions (exact lengths), text to chat
         return random_requests(tokenizer, args.num_prompts, args.random_input_len,
                                args.random_output_len, args.random_range_ratio, args.random_prefix_len,
-                               vocab_size, max_len, args.seed)
+                               vocab_size, max_len, args.seed, as_text=endpoint.endswith("chat/completions"))
     if args.dataset_path is None:
         raise ValueError(f"--dataset-name {args.dataset_name} needs --dataset-path (a local file)")
     if tokenizer is None:
@@ -153,7 +153,7 @@ def run_bench_serve(args) -> int:
         except (ValueError, OSError):  # a tokenizer directory without a model config
             vocab = len(tokenizer)
         max_len = served.get("max_model_len") or 2048
-        requests = _requests(args, tokenizer, vocab, max_len)
+        requests = _requests(args, tokenizer, vocab, max_len, endpoint)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -29,10 +29,12 @@ class SampleRequest:
 
 
 def random_requests(tokenizer, num: int, input_len: int, output_len: int, range_ratio: float,
-                    prefix_len: int, vocab_size: int, max_model_len: int, seed: int) -> list[SampleRequest]:
+                    prefix_len: int, vocab_size: int, max_model_len: int, seed: int,
+                    as_text: bool = True) -> list[SampleRequest]:
     """vLLM's random dataset: lengths uniform in [len * (1 - range_ratio), len * (1 + range_ratio)],
-    random token ids (a shared prefix of ``prefix_len`` first), decoded to text when there is a tokenizer;
-    each clipped so prompt + output fits ``max_model_len``."""
+    random token ids (a shared prefix of ``prefix_len`` first), each clipped so prompt + output fits
+    ``max_model_len``. ``as_text``: decoded to text (for chat; lengths then as the tokenizer counts them);
+    else sent as token ids, exactly the lengths drawn (the completions endpoint takes them)."""
     if not 0 <= range_ratio < 1:
         raise ValueError(f"--random-range-ratio must be in [0, 1), got {range_ratio}")
     rng = np.random.default_rng(seed)
@@ -46,7 +48,7 @@ def random_requests(tokenizer, num: int, input_len: int, output_len: int, range_
         n_out = max(1, min(n_out, max_model_len - prefix_len - 2))
         n_in = max(1, min(n_in, max_model_len - prefix_len - n_out - 1))
         ids = prefix + rng.integers(3, vocab_size, n_in).tolist()
-        if tokenizer is None:
+        if tokenizer is None or not as_text:
             out.append(SampleRequest(ids, len(ids), n_out))
             continue
         text = tokenizer.decode(ids)
