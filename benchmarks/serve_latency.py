@@ -27,7 +27,18 @@ import numpy as np
 
 from minirunner import LLM, SamplingParams
 from minirunner.tools.bench import environment, make_workload
-from minirunner.tools.bench.serve import run_load, summarize
+from minirunner.tools.bench.serve import calculate_metrics, run_load
+from minirunner.tools.bench.serve_datasets import from_workload
+
+PERCENTILES = (50.0, 99.0)
+GREEDY = {"temperature": 0.0}  # as the offline side samples
+
+
+def summarize(outputs, duration: float, slo_ttft_ms: float, slo_tpot_ms: float) -> dict:
+    """bench serve's result (vLLM's keys), p50 and p99, goodput under the SLOs; no per-request lists."""
+    s = calculate_metrics(outputs, duration, ("ttft", "tpot", "itl", "e2el"), PERCENTILES,
+                          {"ttft": slo_ttft_ms, "tpot": slo_tpot_ms})
+    return {k: v for k, v in s.items() if not isinstance(v, list)}
 
 
 def _free_port() -> int:
@@ -74,36 +85,40 @@ def main() -> None:
     mc, max_len = llm.engine.model_config, llm.engine.config.max_model_len
     wl = make_workload("nano", args.num_prompts, mc.vocab_size, max_len, 0, (8, 96), (16, 160))
     warm = make_workload("fixed", 4, mc.vocab_size, max_len, 1, (8, 8), (8, 8))
-    slo = (args.slo_ttft_ms / 1e3, args.slo_tpot_ms / 1e3)
+    slo = (args.slo_ttft_ms, args.slo_tpot_ms)
+    requests, warm_requests = from_workload(wl), from_workload(warm)
     params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=m) for m in wl.max_tokens]
     llm.generate(warm.prompts, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
     proc, url = start_server(threads)
     try:
-        asyncio.run(run_load(url, "shakespeare", warm, math.inf, use_tqdm=False))
+        asyncio.run(run_load(url, "shakespeare", warm_requests, math.inf, use_tqdm=False,
+                             extra_body=GREEDY))
         by_rate = []
         for rate in args.rates:
-            timings, duration = asyncio.run(run_load(url, "shakespeare", wl, rate, seed=0, use_tqdm=False))
+            timings, duration = asyncio.run(run_load(url, "shakespeare", requests, rate, seed=0,
+                                                     use_tqdm=False, extra_body=GREEDY))
             s = summarize(timings, duration, *slo)
             report = dict(request_rate=rate, workload=wl.description, environment=environment(),
                           num_threads=threads, summary=s)
             (out / f"serve_rate_{rate:g}.json").write_text(json.dumps(report, indent=1) + "\n")
             by_rate.append(report)
-            print(f"rate {rate:g}: {s['output_tok_per_s']:.1f} tok/s, TTFT p50 {s['ttft_s']['p50']*1e3:.0f} "
-                  f"ms p99 {s['ttft_s']['p99']*1e3:.0f} ms, TPOT p50 {s['tpot_s']['p50']*1e3:.1f} ms, "
-                  f"goodput {s['goodput']:.2f} req/s")
+            print(f"rate {rate:g}: {s['output_throughput']:.1f} tok/s, TTFT p50 {s['p50_ttft_ms']:.0f} "
+                  f"ms p99 {s['p99_ttft_ms']:.0f} ms, TPOT p50 {s['p50_tpot_ms']:.1f} ms, "
+                  f"goodput {s['request_goodput']:.2f} req/s")
         pairs = []
         for i in range(args.pairs):  # alternate, so a busy minute on the shared host hits both sides
             cpu0, client0 = process_cpu_s(proc.pid), time.process_time()
-            timings, duration = asyncio.run(run_load(url, "shakespeare", wl, math.inf, use_tqdm=False))
+            timings, duration = asyncio.run(run_load(url, "shakespeare", requests, math.inf,
+                                                     use_tqdm=False, extra_body=GREEDY))
             server_cpu, client_cpu = process_cpu_s(proc.pid) - cpu0, time.process_time() - client0
             served = summarize(timings, duration, *slo)
             t0, cpu0 = time.perf_counter(), time.process_time()
             outs = llm.generate(wl.prompts, params, use_tqdm=False)
             offline_s, offline_cpu = time.perf_counter() - t0, time.process_time() - cpu0
             offline = sum(len(o.outputs[0].token_ids) for o in outs) / offline_s
-            pairs.append(dict(server_output_tok_per_s=served["output_tok_per_s"],
+            pairs.append(dict(server_output_tok_per_s=served["output_throughput"],
                               offline_output_tok_per_s=offline,
-                              ratio=served["output_tok_per_s"] / offline,
+                              ratio=served["output_throughput"] / offline,
                               # CPU seconds offline / CPU seconds server and client together: the wall
                               # ratio a host with no idle core gives (a busy shared host blurs the wall)
                               cpu_ratio=offline_cpu / (server_cpu + client_cpu),
@@ -111,7 +126,7 @@ def main() -> None:
                               server_wall_s=duration, server_cpu_s=server_cpu, client_cpu_s=client_cpu,
                               offline_wall_s=offline_s, offline_cpu_s=offline_cpu,
                               server_summary=served))
-            print(f"pair {i}: server {served['output_tok_per_s']:.1f} tok/s ({duration:.1f} s wall, "
+            print(f"pair {i}: server {served['output_throughput']:.1f} tok/s ({duration:.1f} s wall, "
                   f"{server_cpu:.1f} s CPU), offline {offline:.1f} tok/s ({offline_s:.1f} s wall, "
                   f"{offline_cpu:.1f} s CPU), ratio {pairs[-1]['ratio']:.3f}, load {os.getloadavg()[0]:.1f}")
     finally:
@@ -139,15 +154,15 @@ def plot(by_rate: list[dict], pairs: list[dict], path: Path) -> None:
 
     rates = [r["request_rate"] for r in by_rate]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    for key, name in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "end-to-end")):
+    for key, name in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "end-to-end")):
         for q, style in (("p50", "-o"), ("p99", "--x")):
-            ax1.plot(rates, [r["summary"][key][q] * 1e3 for r in by_rate], style, label=f"{name} {q}")
+            ax1.plot(rates, [r["summary"][f"{q}_{key}_ms"] for r in by_rate], style, label=f"{name} {q}")
     ax1.set_yscale("log")
     ax1.set_xlabel("request rate (req/s, Poisson)")
     ax1.set_ylabel("ms")
     ax1.legend(fontsize=7)
     ax1.set_title("latency against request rate", fontsize=9)
-    ax2.plot(rates, [r["summary"]["output_tok_per_s"] for r in by_rate], "-o", label="server")
+    ax2.plot(rates, [r["summary"]["output_throughput"] for r in by_rate], "-o", label="server")
     med = float(np.median([p["offline_output_tok_per_s"] for p in pairs]))
     sat = float(np.median([p["server_output_tok_per_s"] for p in pairs]))
     ax2.axhline(med, color="gray", ls="--", label=f"offline generate, all at once ({med:.0f})")

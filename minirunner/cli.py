@@ -3,7 +3,7 @@
   python -m minirunner generate [--model DIR] "prompt" ...   continue prompts, print a throughput line
   python -m minirunner bench [--workload nano] [--compare transformers] ...   benchmark a workload
   python -m minirunner serve [--model DIR] [--port 8000] ...   an OpenAI-compatible server
-  python -m minirunner bench serve --url URL --request-rate R ...   load a running server
+  python -m minirunner bench serve --base-url URL --request-rate R ...   load a running server
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _engine_options(bench)
     from minirunner.entrypoints.openai.cli_args import add_serve_parser
-    from minirunner.tools.bench.serve import add_bench_serve_parser
+    from minirunner.tools.bench.serve_cli import add_bench_serve_parser
 
     add_bench_serve_parser(bench)  # minirunner bench serve --url ...: load a running server
 

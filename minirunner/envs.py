@@ -12,6 +12,9 @@ set for a block of the engine's work and put back after.
 - ``TRITON_INTERPRET``: "1" runs Triton kernels in its interpreter (on a CPU: tests only).
 - ``VLLM_TORCH_PROFILER_DIR``: where ``LLM.start_profile()`` writes its trace when given no folder
   (vLLM's name).
+- ``MINIRUNNER_API_KEY``: the key ``minirunner serve`` requires when started without ``--api-key`` (an
+  environment variable, unlike an argument, is not shown by ``ps``).
+- ``OPENAI_API_KEY``: the key ``minirunner bench serve`` sends when given no ``--api-key`` (as vLLM's).
 """
 
 from __future__ import annotations
@@ -31,12 +34,16 @@ _READERS: dict[str, Callable[[], object]] = {
     "CC": _text("CC"),
     "TRITON_INTERPRET": lambda: os.environ.get("TRITON_INTERPRET") == "1",
     "VLLM_TORCH_PROFILER_DIR": _text("VLLM_TORCH_PROFILER_DIR"),
+    "MINIRUNNER_API_KEY": _text("MINIRUNNER_API_KEY"),
+    "OPENAI_API_KEY": _text("OPENAI_API_KEY"),
 }
 
 MINIRUNNER_COMPILE_CACHE: str | None
 CC: str | None
 TRITON_INTERPRET: bool
 VLLM_TORCH_PROFILER_DIR: str | None
+MINIRUNNER_API_KEY: str | None
+OPENAI_API_KEY: str | None
 
 
 def __getattr__(name: str):

@@ -9,11 +9,16 @@ vocabulary, ``max_logprobs``, bad words' tokens) happen at admission (minirunner
 from __future__ import annotations
 
 import enum
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from minirunner.structured_output.params import StructuredOutputsParams
+
+logger = logging.getLogger(__name__)
+# vLLM's _SAMPLING_EPS: a temperature below it samples greedily (offline and served).
+GREEDY_TEMPERATURE = 1e-5
 
 # vLLM's default ``max_logprobs`` (ModelConfig): top-k lists longer than this are refused at admission
 # unless LLM(max_logprobs=...) raises it.
@@ -134,6 +139,11 @@ class SamplingParams:
                                  f"{default!r}")
         if self.seed == -1:
             self.seed = None  # vLLM's convention: -1 asks for unseeded sampling
+        if _is_number(self.temperature) and 0 < self.temperature < GREEDY_TEMPERATURE:
+            # vLLM samples greedily below its epsilon; dividing logits by a subnormal would overflow
+            logger.warning("temperature %g is below %g: sampling greedily (temperature 0)",
+                           self.temperature, GREEDY_TEMPERATURE)
+            self.temperature = 0.0
         if self.logprobs is True:
             self.logprobs = 1
         if self.prompt_logprobs is True:

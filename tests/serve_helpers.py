@@ -24,14 +24,18 @@ def free_port() -> int:
 class Server:
     """``python -m minirunner serve`` with ``args``, started and ready (GET /health is 200)."""
 
-    def __init__(self, *args: str, ready_timeout: float = 180.0):
+    def __init__(self, *args: str, ready_timeout: float = 180.0, env: dict | None = None,
+                 preexec_fn=None):
+        """``env``: extra environment variables; ``preexec_fn``: run in the child before it starts."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = dict(os.environ, **(env or {}),
+                   PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "minirunner", "serve", "--port", str(self.port), "--num-threads", "1",
              "--uvicorn-log-level", "warning", *args],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=preexec_fn)
         deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

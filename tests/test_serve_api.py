@@ -17,7 +17,7 @@ TEMPLATE = ("{% for m in messages %}{{ m['role'] | upper }}:\n{{ m['content'] }}
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server()
+    s = Server("--trust-request-chat-template")  # the chat test sends its template
     yield s
     s.stop()
 

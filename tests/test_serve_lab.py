@@ -19,7 +19,10 @@ def test_a_server_is_stopped_when_its_block_raises_and_bench_serve_reads_back():
             raise RuntimeError("inside the block")
     assert proc.poll() is not None and not server.running  # the process exited
     assert len(run.requests) == 5 and all(r.error is None for r in run.requests)
-    assert all(r.prompt_tokens == 6 and r.output_tokens == 4 and len(r.itl) == 3 for r in run.requests)
+    assert all(r.prompt_tokens == 6 and r.output_tokens == 4 for r in run.requests)
+    # one gap per chunk after the first, as vLLM's client counts: 3 for 4 tokens, fewer when the server
+    # merged tokens into one chunk for a client that fell behind (output_collector.py)
+    assert all(1 <= len(r.itl) <= 3 and r.ttft <= r.e2e for r in run.requests)
     # a generous SLO: every request is good, so goodput is the request throughput
     assert run.goodput == pytest.approx(run.request_throughput)
     assert run.request_throughput == pytest.approx(5 / run.duration)

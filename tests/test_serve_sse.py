@@ -23,13 +23,15 @@ def test_prebuilt_chunks_are_the_chunk_dicts_json():
         for _ in range(200):
             text = "".join(rng.choice(TEXTS) for _ in range(rng.randrange(3)))
             index, reason = rng.randrange(300), rng.choice([None, "stop", "length"])
+            stop = rng.choice([None, 7, 'st"op']) if reason == "stop" else None
             want = sse({**head, "choices": [{"index": index, "text": text, "logprobs": None,
-                                             "finish_reason": reason}], **usage})
-            assert fast.completion(index, text, reason) == want
+                                             "finish_reason": reason, "stop_reason": stop}], **usage})
+            assert fast.completion(index, text, reason, stop) == want
             chat_head = {**head, "object": "chat.completion.chunk"}
             want = sse({**chat_head, "choices": [{"index": index, "delta": {"content": text} if text else {},
-                                                  "logprobs": None, "finish_reason": reason}], **usage})
-            assert ChunkHead(chat_head, usage_tail).chat(index, text, reason) == want
+                                                  "logprobs": None, "finish_reason": reason,
+                                                  "stop_reason": stop}], **usage})
+            assert ChunkHead(chat_head, usage_tail).chat(index, text, reason, stop) == want
             assert json.loads(want[6:])["choices"][0]["index"] == index
 
 

@@ -10,6 +10,7 @@ ValueError naming what is wrong and what to do; it never queues a request and ne
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -88,6 +89,14 @@ class InputProcessor:
         self.num_kv_blocks = num_kv_blocks
         self._bad_word_ids: dict[str, list[list[int]]] = {}
         self.compile_grammar = compile_grammar
+
+    def with_own_tokenizer(self) -> InputProcessor:
+        """A copy holding its own deep copy of the tokenizer, for another thread: one fast tokenizer must
+        not serve two threads at once ("Already borrowed"), so vLLM gives each thread its own. The grammar
+        compiler is shared (it locks its cache)."""
+        tokenizer = None if self.tokenizer is None else copy.deepcopy(self.tokenizer)
+        return InputProcessor(tokenizer, self.vocab_size, self.max_model_len, self.max_logprobs,
+                              self.reservation_blocks, self.num_kv_blocks, self.paged, self.compile_grammar)
 
     # -- prompts --------------------------------------------------------------------------------
     def parse(self, prompt) -> tuple[list[int], str | None]:

@@ -2,7 +2,8 @@
 
 Owns the engine loop: one background thread alone calls the engine (add_request / abort / step), callers
 submit from any coroutine or thread and get each request's outputs, as produced, through its
-RequestOutputCollector (output_collector.py: deltas a slow caller has not taken yet are merged).
+RequestOutputCollector (output_collector.py: deltas a slow caller has not taken yet are merged). Prompts
+are tokenised and validated before they reach that thread, in the TokenizerPool's threads.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import uuid
 from collections.abc import AsyncIterator
 
 from minirunner.engine.engine import LLMEngine
-from minirunner.engine.input_processor import validate_batch
 from minirunner.entrypoints.output_collector import DeltaOutput, RequestOutputCollector, wake
+from minirunner.entrypoints.tokenizer_pool import TokenizerPool
 from minirunner.llm import LLM
 from minirunner.sampling_params import SamplingParams
 
@@ -40,6 +41,7 @@ class AsyncLLM:
         self._wake = threading.Event()
         self._streams: dict[str, RequestOutputCollector] = {}  # touched by the engine thread only
         self._stopping = False
+        self.tokenizers = TokenizerPool(self.engine.input_processor)
         self._thread = threading.Thread(target=self._run, name="minirunner-engine", daemon=True)
         self._thread.start()
 
@@ -97,9 +99,9 @@ class AsyncLLM:
                 self.abort(request_id)
 
     async def process_inputs(self, prompts: list, params: list[SamplingParams]) -> list:
-        """Tokenise and validate prompts in the engine thread (one thread uses the tokenizer), queueing
+        """Tokenise and validate prompts in the tokenizer pool (never the engine thread), queueing
         nothing; ProcessedPrompts in order, or ValueError naming the first refused one."""
-        return await self.call(lambda: validate_batch(self.engine.process_input, prompts, params))
+        return await self.tokenizers.process(prompts, params)
 
     async def call(self, fn):
         """Run ``fn()`` in the engine thread between two steps; its result, or what it raised."""
@@ -126,6 +128,7 @@ class AsyncLLM:
         if self._thread.is_alive():
             self._send(("stop",))
             self._thread.join(timeout)
+        self.tokenizers.shutdown()
         self.llm.close()
 
     def _send(self, command: tuple) -> None:
@@ -212,7 +215,8 @@ class AsyncLLM:
                 output = engine.pop_finished(gid)
                 del self._streams[gid]
             delta = DeltaOutput(request.index, list(new_tokens), engine.take_text_delta(request),
-                                request.is_finished, request.finish_reason, logprobs, output)
+                                request.is_finished, request.finish_reason, logprobs, output,
+                                request.stop_reason)
             waiter = collector.put(delta)
             if waiter is not None:
                 waiting.setdefault(collector.loop, []).append(waiter)

@@ -28,12 +28,14 @@ class DeltaOutput:
     finish_reason: str | None = None
     logprobs: list | None = None
     output: RequestOutput | None = field(default=None, repr=False)
+    stop_reason: str | int | None = None  # the stop string or token id that ended it (vLLM's)
 
     def merge(self, later: DeltaOutput) -> None:
         """Append ``later`` (the same completion's next delta) to this one."""
         self.token_ids += later.token_ids
         self.text += later.text
         self.finished, self.finish_reason = later.finished, later.finish_reason
+        self.stop_reason = later.stop_reason
         if later.logprobs is not None:
             self.logprobs = (self.logprobs or []) + later.logprobs
         if later.output is not None:

@@ -56,6 +56,15 @@ _HISTOGRAMS = {  # name -> (bucket bounds, documentation)
     "vllm:time_to_first_token_seconds": (TTFT_BUCKETS, "Histogram of time to first token in seconds."),
     "vllm:inter_token_latency_seconds": (ITL_BUCKETS, "Histogram of inter-token latency in seconds."),
     "vllm:e2e_request_latency_seconds": (E2E_BUCKETS, "Histogram of e2e request latency in seconds."),
+    # vLLM's request phases: queued -> scheduled -> first token -> last token
+    "vllm:request_queue_time_seconds": (E2E_BUCKETS, "Histogram of time spent in WAITING phase for request."),
+    "vllm:request_prefill_time_seconds": (E2E_BUCKETS,
+                                          "Histogram of time spent in PREFILL phase for request."),
+    "vllm:request_decode_time_seconds": (E2E_BUCKETS, "Histogram of time spent in DECODE phase for request."),
+    "vllm:request_inference_time_seconds": (E2E_BUCKETS,
+                                            "Histogram of time spent in RUNNING phase for request."),
+    "vllm:request_time_per_output_token_seconds": (
+        ITL_BUCKETS, "Histogram of time_per_output_token_seconds per request."),
 }
 
 
@@ -99,6 +108,7 @@ class EngineMetrics:
         self._gauges = {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0,
                         "vllm:kv_cache_usage_perc": 0.0}
         self._last_token_time: dict[str, float] = {}  # request id -> when its latest tokens arrived
+        self._scheduled_time: dict[str, float] = {}  # request id -> when it was first scheduled
 
     @classmethod
     def for_engine(cls, config, spec_config) -> EngineMetrics:
@@ -111,7 +121,12 @@ class EngineMetrics:
     def record_admission(self, request, num_cached_tokens: int) -> None:
         """A request admitted for the first time (never preempted, holding no blocks before): vLLM's
         prefix-cache query of its tokens and hit of ``num_cached_tokens``. A request asking for prompt
-        logprobs never reads the cache (every prompt position must run), so it is no query."""
+        logprobs never reads the cache (every prompt position must run), so it is no query. Also the
+        end of its queue time."""
+        now = time.perf_counter()
+        with self._lock:
+            self._scheduled_time[request.request_id] = now
+            self._histograms["vllm:request_queue_time_seconds"].observe(now - request.arrival_time)
         if not self.prefix_caching or request.params.prompt_logprobs is not None:
             return
         with self._lock:
@@ -174,6 +189,17 @@ class EngineMetrics:
                 request.finish_time - request.arrival_time)
         self._histograms["vllm:request_prompt_tokens"].observe(len(request.prompt_token_ids))
         self._histograms["vllm:request_generation_tokens"].observe(len(request.output_token_ids))
+        scheduled = self._scheduled_time.pop(request.request_id, None)
+        first, last = request.first_token_time, request.finish_time
+        if scheduled is None or first is None or last is None:
+            return  # never ran (aborted while waiting), or a forked sibling
+        h = self._histograms
+        h["vllm:request_prefill_time_seconds"].observe(first - scheduled)
+        h["vllm:request_decode_time_seconds"].observe(last - first)
+        h["vllm:request_inference_time_seconds"].observe(last - scheduled)
+        if len(request.output_token_ids) > 1:
+            h["vllm:request_time_per_output_token_seconds"].observe(
+                (last - first) / (len(request.output_token_ids) - 1))
 
     def record_state(self, scheduler, pool) -> None:
         """The gauges, from the scheduler's queues and the block pool now (after a step, or an abort).

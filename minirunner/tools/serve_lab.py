@@ -191,18 +191,22 @@ def bench_serve(url: str, *, request_rate: float, num_prompts: int, input_len: i
     the load generator: its command line and its JSON are read here and nowhere else."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
-        cmd = [sys.executable, "-m", "minirunner", "bench", "serve", "--url", url,
+        cmd = [sys.executable, "-m", "minirunner", "bench", "serve", "--base-url", url,
                "--request-rate", str(request_rate), "--num-prompts", str(num_prompts),
-               "--workload", "fixed", "--input-len", str(input_len), str(input_len),
-               "--output-len", str(output_len), str(output_len), "--seed", str(seed),
-               "--slo-ttft-ms", str(slo_ttft * 1e3), "--slo-tpot-ms", str(slo_tpot * 1e3),
-               "--json", str(out), "--no-progress"]
+               "--dataset-name", "random", "--random-input-len", str(input_len),
+               "--random-output-len", str(output_len), "--ignore-eos", "--temperature", "0",
+               "--seed", str(seed), "--goodput", f"ttft:{slo_ttft * 1e3}", f"tpot:{slo_tpot * 1e3}",
+               "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-result", "--result-dir", tmp,
+               "--result-filename", out.name, "--disable-tqdm"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if not out.exists():
             raise RuntimeError(f"bench serve failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
         report = json.loads(out.read_text())
-    s = report["summary"]
-    requests = [RequestRecord(r["prompt_tokens"], r["output_tokens"], r["ttft"], list(r["itl"]), r["e2e"],
-                              r["error"]) for r in report["requests"]]
-    return LoadRun(request_rate, s["duration_s"], requests, s["goodput"], s["request_throughput"],
-                   s["output_tok_per_s"], s["slo"]["ttft_s"], s["slo"]["tpot_s"], report)
+    # vLLM's result keys: per-request lists in send order, an empty error for a completed request
+    requests = [RequestRecord(n_in, n_out, ttft if not err else None, list(itl), e2e if not err else None,
+                              err or None)
+                for n_in, n_out, ttft, itl, e2e, err in zip(
+                    report["input_lens"], report["output_lens"], report["ttfts"], report["itls"],
+                    report["latencies"], report["errors"], strict=True)]
+    return LoadRun(request_rate, report["duration"], requests, report["request_goodput"],
+                   report["request_throughput"], report["output_throughput"], slo_ttft, slo_tpot, report)

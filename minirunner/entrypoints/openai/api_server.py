@@ -1,13 +1,13 @@
 """The OpenAI-compatible HTTP server (vLLM's ``vllm serve``): a FastAPI app over one AsyncLLM, run by uvicorn.
 
-Owns the routes, the API key check, the body limit, turning every bad request into OpenAI's error JSON
-(400, 401; never a 500 for input), aborting a request whose client went away, and a clean shutdown.
+Owns the routes, turning every bad request into OpenAI's error JSON (400, 401, 404, 408; never a 500 for
+input), aborting a request whose client went away, and a clean shutdown. The HTTP-level limits (body,
+headers, content type, API key, X-Request-Id) are http_guard.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from contextlib import asynccontextmanager
 
@@ -17,14 +17,27 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import ValidationError
 
 from minirunner.entrypoints.async_llm import AsyncLLM, EngineDeadError
-from minirunner.entrypoints.openai.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from minirunner.entrypoints.openai.http_guard import (
+    APIKeyMiddleware,
+    RequestIdMiddleware,
+    read_json,
+    request_id_base,
+)
+from minirunner.entrypoints.openai.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from minirunner.entrypoints.openai.serving_chat import OpenAIServingChat
 from minirunner.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from minirunner.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from minirunner.entrypoints.openai.sse import SSEResponse, sse
 from minirunner.metrics.prometheus import render
 
 logger = logging.getLogger(__name__)
-MAX_BODY_BYTES = 4 << 20  # a request body above this is refused before it is parsed
+BODY_TIMEOUT_S = 30.0  # the most a request body may take to arrive (408 after)
 
 
 def _error(e: APIError) -> JSONResponse:
@@ -36,28 +49,6 @@ def _validation_message(e: ValidationError | RequestValidationError) -> APIError
     loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
     return APIError(f"{loc}: {first.get('msg')}" if loc else str(first.get("msg")),
                     param=loc.split(".")[0] or None)
-
-
-async def _read_json(request: Request) -> dict:
-    """The body as a JSON object; APIError for a body too large, not JSON, or with NaN / Infinity."""
-    size = int(request.headers.get("content-length") or 0)
-    if size > MAX_BODY_BYTES:
-        raise APIError(f"the request body is {size} bytes; the limit is {MAX_BODY_BYTES}")
-    body = bytearray()
-    async for part in request.stream():
-        body += part
-        if len(body) > MAX_BODY_BYTES:
-            raise APIError(f"the request body is over the limit of {MAX_BODY_BYTES} bytes")
-
-    def refuse(name: str):
-        raise ValueError(f"{name} is not a JSON number")
-    try:
-        value = json.loads(bytes(body), parse_constant=refuse)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise APIError(f"the request body is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise APIError("the request body must be a JSON object")
-    return value
 
 
 async def _guard_stream(stream):
@@ -98,25 +89,9 @@ async def _unless_disconnected(request: Request, work):
     return None if left else task.result()
 
 
-class APIKeyMiddleware:
-    """401 on /v1 routes without ``Authorization: Bearer <key>``. A plain ASGI middleware: it adds nothing
-    to a response's chunks (FastAPI's @app.middleware("http") would pass each SSE event through a stream)."""
-
-    def __init__(self, app, api_key: str):
-        self.app, self.expected = app, f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/v1") and \
-                dict(scope["headers"]).get(b"authorization") != self.expected:
-            response = _error(APIError("missing or wrong API key: send 'Authorization: Bearer <key>'",
-                                       status=401, type_="AuthenticationError"))
-            await response(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
 def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None,
-              chat_template: str | None = None) -> FastAPI:
+              chat_template: str | None = None, trust_request_chat_template: bool = False,
+              body_timeout: float = BODY_TIMEOUT_S) -> FastAPI:
     """The FastAPI app serving ``engine`` as ``model_name``; its lifespan shuts the engine down."""
 
     @asynccontextmanager
@@ -126,10 +101,12 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None,
 
     app = FastAPI(title="minirunner", lifespan=lifespan)
     completion = OpenAIServingCompletion(engine, model_name)
-    chat = OpenAIServingChat(engine, model_name, chat_template)
+    chat = OpenAIServingChat(engine, model_name, chat_template, trust_request_chat_template)
+    tokenization = OpenAIServingTokenization(chat)
 
     if api_key is not None:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    app.add_middleware(RequestIdMiddleware)
 
     @app.exception_handler(APIError)
     async def api_error(_request, e: APIError):
@@ -166,15 +143,31 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None,
         return PlainTextResponse(render(engine.get_metrics(model_name)),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def serve(request: Request, model_cls, serving):
+    @app.get("/version")
+    async def version():
+        return tokenization.version()
+
+    async def parse(request: Request, model_cls):
         try:
-            parsed = model_cls.model_validate(await _read_json(request))
+            return model_cls.model_validate(await read_json(request, body_timeout))
         except ValidationError as e:
             raise _validation_message(e) from None
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        return JSONResponse(await tokenization.tokenize(await parse(request, TokenizeRequest)))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        return JSONResponse(await tokenization.detokenize(await parse(request, DetokenizeRequest)))
+
+    async def serve(request: Request, model_cls, serving):
+        parsed = await parse(request, model_cls)
         processed, _ = await serving.setup(parsed)
+        request_id = serving.new_id(request_id_base(request) or parsed.request_id)
         if parsed.stream:
-            return SSEResponse(_guard_stream(serving.stream(parsed, processed)))
-        body = await _unless_disconnected(request, serving.create(parsed, processed))
+            return SSEResponse(_guard_stream(serving.stream(parsed, processed, request_id)))
+        body = await _unless_disconnected(request, serving.create(parsed, processed, request_id))
         if body is None:  # the client left; nobody reads this
             return PlainTextResponse("", status_code=499)
         return JSONResponse(body)

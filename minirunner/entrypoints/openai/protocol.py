@@ -1,11 +1,14 @@
 """The OpenAI request schema (completions, chat completions) as pydantic models, and SamplingParams from it.
 
 Owns which fields a request may carry (OpenAI's, plus the SamplingParams fields vLLM accepts as extra body
-parameters), their types (strict: no NaN or infinity, no bool for a number) and OpenAI's error JSON.
+parameters), their types (strict: no NaN or infinity, no bool for a number) and OpenAI's error JSON. A field
+no model knows is ignored with one warning per request, as vLLM does (``ignored_fields``); a field whose
+feature is missing here is refused, never silently dropped.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,6 +21,10 @@ MAX_N = 128
 # value is a 400 naming it rather than an overflow inside a step that other requests share.
 INT64 = 2**63
 INT32 = 2**31
+logger = logging.getLogger(__name__)
+# vLLM fields whose feature is not served here: refused with a 400, never ignored (the structured-output
+# fields this server serves are declared on SamplingFields; entrypoints/openai/structured.py maps them).
+STRUCTURED_OUTPUT_FIELDS = ("structural_tag",)
 
 
 class APIError(Exception):
@@ -37,12 +44,33 @@ class OpenAIModel(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
+class RequestModel(OpenAIModel):
+    """A request body: unknown top-level fields are kept aside (``ignored_fields``), as vLLM ignores them."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
+
+    def ignored_fields(self) -> list[str]:
+        """The unknown fields, after refusing the known ones this server cannot honour."""
+        extra = sorted(self.model_extra or {})
+        for name in extra:
+            if name in STRUCTURED_OUTPUT_FIELDS and self.model_extra[name] is not None:
+                raise APIError(f"{name} is not supported by this server",
+                               param=name)
+        return [name for name in extra if name not in STRUCTURED_OUTPUT_FIELDS]
+
+    def warn_ignored(self) -> None:
+        """Log the ignored fields once for this request (vLLM's warning)."""
+        ignored = self.ignored_fields()
+        if ignored:
+            logger.warning("The following fields were present in the request but ignored: %s", ignored)
+
+
 class StreamOptions(OpenAIModel):
-    include_usage: bool | None = False
+    include_usage: bool | None = True  # vLLM's default: stream_options {} asks for usage
     continuous_usage_stats: bool | None = False
 
 
-class SamplingFields(OpenAIModel):
+class SamplingFields(RequestModel):
     """Fields both endpoints share: OpenAI's, then vLLM's extra sampling parameters. None: the model's
     generation_config.json default where it has one (vLLM's rule), else OpenAI's default."""
 
@@ -73,6 +101,7 @@ class SamplingFields(OpenAIModel):
     prompt_logprobs: int | None = Field(None, ge=0)
     use_beam_search: bool = False
     best_of: int | None = None
+    request_id: str | None = None  # vLLM's: the response id (an engine id stays unique)
     # structured output (entrypoints/openai/structured.py)
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
@@ -82,8 +111,11 @@ class SamplingFields(OpenAIModel):
     guided_grammar: str | None = None
 
     def sampling_params(self, defaults: SamplingParams, max_tokens: int | None,
-                        logprobs: int | None) -> SamplingParams:
-        """SamplingParams for this request; raises APIError for a value SamplingParams refuses."""
+                        logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
+        """SamplingParams for this request (``prompt_logprobs``: the request's own unless given); raises
+        APIError for a value SamplingParams refuses."""
+        if prompt_logprobs is None:
+            prompt_logprobs = self.prompt_logprobs
         if self.use_beam_search:
             raise APIError("use_beam_search=true is not supported here: beam search is out of scope",
                            param="use_beam_search")
@@ -91,6 +123,9 @@ class SamplingFields(OpenAIModel):
             raise APIError("best_of is not supported here (removed in vLLM V1): use n", param="best_of")
         if self.stream_options is not None and not self.stream:
             raise APIError("stream_options is only allowed when stream is true", param="stream_options")
+        if self.prompt_logprobs is not None and self.stream:
+            raise APIError("prompt_logprobs is not available with stream=true (as vLLM): send the "
+                           "request without streaming", param="prompt_logprobs")
         pick = {k: getattr(self, k) for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                                               "presence_penalty", "frequency_penalty")}
         fields = {k: v if v is not None else getattr(defaults, k) for k, v in pick.items()}
@@ -109,7 +144,7 @@ class SamplingFields(OpenAIModel):
                 n=self.n, max_tokens=max_tokens, seed=self.seed, stop=self.stop,
                 stop_token_ids=list(self.stop_token_ids or []), min_tokens=self.min_tokens,
                 include_stop_str_in_output=self.include_stop_str_in_output, ignore_eos=self.ignore_eos,
-                logprobs=logprobs, prompt_logprobs=self.prompt_logprobs, logit_bias=bias,
+                logprobs=logprobs, prompt_logprobs=prompt_logprobs, logit_bias=bias,
                 skip_special_tokens=self.skip_special_tokens, allowed_token_ids=self.allowed_token_ids,
                 bad_words=self.bad_words, truncate_prompt_tokens=self.truncate_prompt_tokens,
                 structured_outputs=structured, **fields)
@@ -119,10 +154,29 @@ class SamplingFields(OpenAIModel):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=0)  # 0: echo the prompt only (with echo), as vLLM
     logprobs: int | None = Field(None, ge=0)
     echo: bool = False
     suffix: str | None = None
+    add_special_tokens: bool = True  # vLLM's: tokenize a text prompt with the special tokens
+
+    @property
+    def echo_only(self) -> bool:
+        """echo with max_tokens 0: the prompt (and its logprobs) only, nothing generated (vLLM runs one
+        token and drops it)."""
+        return self.echo and self.max_tokens == 0
+
+    def completion_params(self, defaults: SamplingParams) -> SamplingParams:
+        """SamplingParams for a completion: echo with logprobs asks for the prompt's logprobs too."""
+        if self.max_tokens == 0 and not self.echo:
+            raise APIError("max_tokens must be at least 1 (0 is allowed with echo=true only)",
+                           param="max_tokens")
+        if self.echo and self.logprobs is not None and self.stream:
+            raise APIError("echo with logprobs is not available with stream=true: send the request "
+                           "without streaming", param="echo")
+        prompt_logprobs = self.logprobs if self.echo and self.prompt_logprobs is None else None
+        return self.sampling_params(defaults, 1 if self.echo_only else self.max_tokens, self.logprobs,
+                                    prompt_logprobs)
 
     def prompts(self) -> list:
         """The request's prompts, each a string or a list of token ids."""
@@ -177,3 +231,26 @@ class ChatCompletionRequest(SamplingFields):
 
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class TokenizeRequest(RequestModel):
+    """vLLM's /tokenize body: a ``prompt`` (completion form) or ``messages`` (chat form)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None  # vLLM's defaults: True for a prompt, False for messages
+    add_generation_prompt: bool = True
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+    def checked(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise APIError("send either 'prompt' (a string) or 'messages' (a conversation)", param="prompt")
+        return self
+
+
+class DetokenizeRequest(RequestModel):
+    model: str | None = None
+    tokens: list[Annotated[int, Field(ge=0, lt=INT64)]]

@@ -32,19 +32,28 @@ class OpenAIServing:
         self.defaults = engine.get_default_sampling_params()
 
     def check_model(self, request: SamplingFields) -> None:
+        """404 for a model this server does not serve (vLLM's NotFoundError); logs ignored fields."""
         if request.model is not None and request.model != self.model_name:
             raise APIError(f"The model `{request.model}` does not exist: this server serves "
-                           f"`{self.model_name}` (GET /v1/models)", param="model")
+                           f"`{self.model_name}` (GET /v1/models)", status=404, param="model",
+                           type_="NotFoundError")
+        request.warn_ignored()
 
-    def new_id(self) -> str:
-        return f"{self.prefix}-{uuid.uuid4().hex}"
+    def new_id(self, base: str | None = None) -> str:
+        """The response id: ``<prefix>-<base>`` (the X-Request-Id header or the request_id field, as
+        vLLM), else a random one. Engine request ids stay unique either way (``engine_id``)."""
+        return f"{self.prefix}-{base or uuid.uuid4().hex}"
+
+    @staticmethod
+    def engine_id(response_id: str) -> str:
+        return f"{response_id}-{uuid.uuid4().hex[:8]}"
 
     @staticmethod
     def created() -> int:
         return int(time.time())
 
     async def prepare(self, prompts: list, params: SamplingParams) -> list:
-        """Validate every prompt in the engine thread; a prompt that with max_tokens would pass the
+        """Validate every prompt in the tokenizer pool; a prompt that with max_tokens would pass the
         context is refused (vLLM's rule), as is any the engine refuses: APIError, nothing queued."""
         try:
             processed = await self.engine.process_inputs(prompts, [params] * len(prompts))

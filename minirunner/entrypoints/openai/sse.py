@@ -35,19 +35,27 @@ class ChunkHead:
         self.prefix = "data: " + _dumps(head)[:-1] + ', "choices": [{"index": '
         self.usage_tail = usage_tail
 
-    def completion(self, index: int, text: str, finish_reason: str | None) -> str:
-        """sse({**head, "choices": [{"index", "text", "logprobs": None, "finish_reason"}], ...})."""
-        reason = "null" if finish_reason is None else _dumps(finish_reason)
+    def completion(self, index: int, text: str, finish_reason: str | None,
+                   stop_reason: str | int | None = None) -> str:
+        """sse({**head, "choices": [{"index", "text", "logprobs": None, "finish_reason", "stop_reason"}],
+        ...})."""
         return (f'{self.prefix}{index}, "text": {_dumps(text)}, "logprobs": null, '
-                f'"finish_reason": {reason}}}]{self.usage_tail}}}\n\n')
+                f'{_reasons(finish_reason, stop_reason)}}}]{self.usage_tail}}}\n\n')
 
-    def chat(self, index: int, text: str, finish_reason: str | None) -> str:
+    def chat(self, index: int, text: str, finish_reason: str | None,
+             stop_reason: str | int | None = None) -> str:
         """sse({**head, "choices": [{"index", "delta": {"content"} or {}, "logprobs": None,
-        "finish_reason"}], ...})."""
-        reason = "null" if finish_reason is None else _dumps(finish_reason)
+        "finish_reason", "stop_reason"}], ...})."""
         delta = f'{{"content": {_dumps(text)}}}' if text else "{}"
         return (f'{self.prefix}{index}, "delta": {delta}, "logprobs": null, '
-                f'"finish_reason": {reason}}}]{self.usage_tail}}}\n\n')
+                f'{_reasons(finish_reason, stop_reason)}}}]{self.usage_tail}}}\n\n')
+
+
+def _reasons(finish_reason: str | None, stop_reason: str | int | None) -> str:
+    finish = "null" if finish_reason is None else _dumps(finish_reason)
+    stop = "null" if stop_reason is None else _dumps(stop_reason)
+    return f'"finish_reason": {finish}, "stop_reason": {stop}'
+
 
 
 class SSEResponse(Response):
