@@ -3,7 +3,8 @@
 Each is read when it is used (``envs.CC``), not at import, so a variable set after ``import minirunner``
 counts. Every other module in minirunner/ reads a variable through this one (tests/test_process_state.py
 checks it). The one write is ``temporarily``: a variable of another library (torch's compile-cache folder)
-set for a block of the engine's work and put back after.
+set for a block of the engine's work and put back after. ``for_child`` gives a child process this
+environment with more on ``PYTHONPATH`` (the course's server subprocess).
 
 - ``MINIRUNNER_COMPILE_CACHE``: the folder compiled steps and the C decode kernel are cached in
   (worker/compile_cache.py); unset or empty: the default.
@@ -70,3 +71,9 @@ def temporarily(name: str, value: str) -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = before
+
+
+def for_child(*import_roots: str) -> dict[str, str]:
+    """This process's environment for a child process, with ``import_roots`` first on its PYTHONPATH."""
+    path = os.pathsep.join(p for p in (*import_roots, os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, PYTHONPATH=path)

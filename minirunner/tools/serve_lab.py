@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from minirunner import envs
+
 __all__ = ["ServerProcess", "LoadRun", "RequestRecord", "bench_serve", "children_cpu_s", "free_port",
            "process_cpu_s"]
 
@@ -73,8 +75,7 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.TemporaryFile(mode="w+")
         root = str(Path(__file__).resolve().parents[2])
-        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-        env = dict(os.environ, PYTHONPATH=path)
+        env = envs.for_child(root)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "minirunner", "serve", "--host", "127.0.0.1", "--port", str(self.port),
              "--num-threads", str(self.num_threads), "--uvicorn-log-level", "warning", *self.args],
