@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("grade", help="grade one submission; print Gradescope's results.json")
     g.add_argument("--release", type=Path, required=True, help="the DIR given to `release --out`")
     g.add_argument("--student-id", help="whose problems to grade (default: the notebook's STUDENT_ID)")
-    g.add_argument("--timeout", type=int, default=240, help="seconds per cell (default 240)")
+    g.add_argument("--timeout", type=int, default=120, help="seconds per cell (default 120)")
     g.add_argument("notebook", type=Path)
     args = parser.parse_args(argv)
     if args.command == "release":

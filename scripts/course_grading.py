@@ -215,7 +215,7 @@ def _short(value: Any, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def grade(release: Path, path: Path, student_id: str | None, timeout: int = 240) -> dict:
+def grade(release: Path, path: Path, student_id: str | None, timeout: int = 120) -> dict:
     """Gradescope's results.json for one submission."""
     t0 = time.perf_counter()
     nb = nbformat.read(path, 4)
