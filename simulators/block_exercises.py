@@ -155,7 +155,7 @@ def make_block_table_exercise(seed: int) -> Exercise:
         try:
             got = [int(b) for b in answer]
         except (TypeError, ValueError):
-            return Verdict(False, "answer with a list of block ids, e.g. [0, 5].")
+            return Verdict(False, "answer with a list of block ids, e.g. [0, 5].", attempt=False)
         if got == solution:
             return Verdict(True, f"it holds ceil(({p['prompt_lens'][rid]} + {k}) / {p['block_size']}) = "
                                  f"{want} blocks: {solution}.")
@@ -196,7 +196,7 @@ def make_preemption_exercise(seed: int) -> Exercise:
         try:
             rid, step = (int(x) for x in answer)
         except (TypeError, ValueError):
-            return Verdict(False, "answer with a pair of ints (request, step).")
+            return Verdict(False, "answer with a pair of ints (request, step).", attempt=False)
         if (rid, step) == solution:
             return Verdict(True, f"at step {first.step} a running request needs a block and none is "
                                  f"free; the runner preempts the newest running request, {rid}.")
@@ -247,7 +247,7 @@ def make_cached_tokens_exercise(seed: int) -> Exercise:
     def diagnose(answer) -> Verdict:
         value = parse_int(answer)
         if value is None or value < 0:
-            return Verdict(False, "answer with a non-negative int.")
+            return Verdict(False, "answer with a non-negative int.", attempt=False)
         if value == solution:
             return Verdict(True, "only full blocks are cached, and the last prompt token is always "
                                  f"computed: {solution} tokens.")

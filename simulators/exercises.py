@@ -20,6 +20,7 @@ class Verdict:
     why: str
     answered: bool = True
     pending: str = "not answered yet"  # what an unanswered one says ("not implemented yet" for a stub)
+    attempt: bool = True  # False when the answer's form is wrong (not an int...): no real attempt yet
 
     def __bool__(self) -> bool:
         return self.correct

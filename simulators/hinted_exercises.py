@@ -1,8 +1,10 @@
-"""Exercises whose hint appears only after a wrong attempt (notebooks 04 and 05).
+"""The course's one hint policy: no method before a first real attempt, a hint after a wrong one.
 
 Owns two thin wrappers over ``simulators.exercises``: an untouched exercise says only "not answered yet"
-/ "not implemented yet" and how to try, never the method; a wrong attempt gets the checker's reason and
-then the hint. The checkers themselves (and how strict they are) are the wrapped ones, unchanged.
+/ "not implemented yet" and how to try, never the method; an answer of the wrong form (a checker's
+``Verdict(attempt=False)``, e.g. text where an int is asked) says only what form is expected; a wrong
+attempt gets the checker's reason and then the hint. The checkers themselves (and how strict they
+are) are the wrapped ones, unchanged.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ WRITE = "write the function body and run the cell again (a wrong attempt gets a 
 def _after_wrong(verdict: Verdict, hint: str, prompt: str, pending: str) -> Verdict:
     if not verdict.answered:
         return Verdict(False, prompt, answered=False, pending=pending)
+    if not verdict.attempt:
+        return Verdict(False, verdict.why, answered=False, pending="not an answer yet")
     if verdict.correct:
         return verdict
     return Verdict(False, f"{verdict.why.rstrip('.')}. Hint: {hint}")

@@ -115,7 +115,7 @@ def make_slot_exercise(seed: int) -> Exercise:
     def diagnose(answer) -> Verdict:
         value = parse_int(answer)
         if value is None:
-            return Verdict(False, "answer with an int slot number.")
+            return Verdict(False, "answer with an int slot number.", attempt=False)
         if value == solution:
             return Verdict(True, f"position {pos} is offset {offset} of logical block {logical}, "
                                  f"which is physical block {table[logical]}.")

@@ -57,7 +57,8 @@ def make_exercise(seed: int) -> Exercise:
             return Verdict(False, f"look again at VPN {t.vpn}'s valid and present bits.")
         value = parse_int(answer)
         if value is None:
-            return Verdict(False, 'answer with an int (a physical address), "segfault" or "page fault".')
+            return Verdict(False, 'answer with an int (a physical address), "segfault" or "page fault".',
+                           attempt=False)
         if t.fault:
             return Verdict(False, f"the address is on VPN {t.vpn}: read that entry again.")
         if value == t.paddr:
@@ -99,7 +100,7 @@ def make_multilevel_exercise(seed: int) -> Exercise:
                                   f"index {w.pd_index} is {w.pde:#04x}.")
         value = parse_int(answer)
         if value is None:
-            return Verdict(False, 'answer with an int (a physical address) or "fault".')
+            return Verdict(False, 'answer with an int (a physical address) or "fault".', attempt=False)
         if w.fault:
             return Verdict(False, f"read the directory entry at index {w.pd_index} of page "
                                   f"{problem.pdbr}, then check each valid bit.")
@@ -139,7 +140,7 @@ def make_tlb_exercise(seed: int) -> Exercise:
     def diagnose(answer) -> Verdict:
         value = parse_int(answer)
         if value is None:
-            return Verdict(False, "answer with an int number of hits.")
+            return Verdict(False, "answer with an int number of hits.", attempt=False)
         if value == result.hits:
             return Verdict(True, f"the array touches VPNs {sorted(set(vpns))}: {result.misses} misses, "
                                  f"{result.hits} hits ({result.hit_rate:.0%}).")
@@ -160,8 +161,12 @@ def make_policy_exercise(seed: int) -> Exercise:
     rng = random.Random(seed)
     policy = POLICIES[seed % len(POLICIES)]
     frames = rng.choice([3, 4])
-    trace = [rng.randint(0, 5) for _ in range(10)]
-    result = simulate_policy(trace, frames, policy)
+    for _ in range(1000):  # a trace on which the frames matter: not all hits of an infinite memory,
+        trace = [rng.randint(0, 5) for _ in range(10)]  # and not the string one frame fewer gives
+        result = simulate_policy(trace, frames, policy)
+        unbounded = [page in trace[:i] for i, page in enumerate(trace)]
+        if list(result.hits) != unbounded and result.hits != simulate_policy(trace, frames - 1, policy).hits:
+            break
     solution = "".join("h" if h else "m" for h in result.hits)
     question = (f"Trace {' '.join(map(str, trace))}, {frames} frames, starting empty, policy {policy}.\n"
                 "Write one letter per access: h for a hit, m for a miss (e.g. \"mmmh...\").")
@@ -171,10 +176,10 @@ def make_policy_exercise(seed: int) -> Exercise:
 
     def diagnose(answer) -> Verdict:
         if not isinstance(answer, str):
-            return Verdict(False, 'answer with a string of h and m, e.g. "mmmh".')
+            return Verdict(False, 'answer with a string of h and m, e.g. "mmmh".', attempt=False)
         text = answer.strip().lower().replace(" ", "")
         if len(text) != len(trace) or set(text) - {"h", "m"}:
-            return Verdict(False, f"give exactly {len(trace)} letters, each h or m.")
+            return Verdict(False, f"give exactly {len(trace)} letters, each h or m.", attempt=False)
         if text == solution:
             return Verdict(True, f"{result.num_hits} hits, {result.num_misses} misses; evictions: "
                                  f"{[e for e in result.evicted if e is not None]}.")
@@ -201,7 +206,7 @@ def make_belady_exercise(seed: int) -> Exercise:
         try:
             a3, a4 = (int(x) for x in answer)
         except (TypeError, ValueError):
-            return Verdict(False, "answer with a pair of ints, e.g. (12, 13).")
+            return Verdict(False, "answer with a pair of ints, e.g. (12, 13).", attempt=False)
         if (a3, a4) == (m3, m4):
             return Verdict(True, f"one more frame gives MORE misses ({m3} -> {m4}): Belady's anomaly. "
                                  f"LRU on the same trace: {l3} -> {l4}; LRU is a stack algorithm "
@@ -252,7 +257,7 @@ def make_page_size_exercise(seed: int) -> Exercise:
     def diagnose(answer) -> Verdict:
         text = answer.strip().lower().strip("()") if isinstance(answer, str) else ""
         if len(text) != 1 or text not in letters:
-            return Verdict(False, 'answer with one letter, "a" to "d".')
+            return Verdict(False, 'answer with one letter, "a" to "d".', attempt=False)
         key = options[letters.index(text)][0]
         if key == "right":
             return Verdict(True, f"{format_size(parse_size(asize))} / {small} = {n_small} entries, "
