@@ -145,9 +145,8 @@ class LLMEngine(FreezesStartupHeap):
             self.requests.pop(rid, None)
 
     def free_request(self, request: Request) -> None:
-        """Free a finished or aborted request's blocks and its runner state."""
+        """Free a finished or aborted request's blocks (the worker forgets it with the next step)."""
         self.scheduler.finish(request)
-        self.runner.finish_request(request.request_id)  # and its drafter's state
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or self.pending is not None
@@ -187,7 +186,7 @@ class LLMEngine(FreezesStartupHeap):
         if prev is not None:
             running = self.scheduler.running
             if prev.output.drafts is not None:
-                k = self.spec.step_k(running, self.scheduler.may_join())
+                k = self.spec.step_k(running)
                 if not may_verify_ahead(prev, self.scheduler, self.kv, k, self.config.max_model_len):
                     return None
                 for request in running:
@@ -203,12 +202,10 @@ class LLMEngine(FreezesStartupHeap):
         self.kv.begin_step()
         k = propose_s = 0
         if self.spec is not None:  # the drafts scheduled now were proposed after the last step sampled
-            k = self.spec.plan(self.scheduler.running, self.scheduler.may_join())
+            k = self.spec.plan(self.scheduler.running)
             propose_s = self.spec.propose_s
         sched = self.scheduler.schedule(k)
         self.metrics.record_schedule(len(sched.preempted))
-        for request_id in sched.preempted:
-            self.runner.free_request(request_id)
         if not sched.scheduled:
             self.tracer.record(sched, finished=[], occupancy=self.tracer.occupancy(), num_output_tokens=0,
                                duration=time.perf_counter() - t0, graph=StepGraphInfo())
@@ -216,8 +213,6 @@ class LLMEngine(FreezesStartupHeap):
             return None
         t1 = time.perf_counter()
         try:
-            copies = self.kv.take_copies()  # copy-on-write of shared blocks, before any write
-            self.runner.copy_blocks([c[0] for c in copies], [c[1] for c in copies])
             with sync_check(self.check_no_sync and prev is not None, self.runner.device):
                 output = self.runner.execute(sched.output,
                                              prev.output.prev_sampled() if prev is not None else None)
