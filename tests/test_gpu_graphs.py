@@ -132,13 +132,13 @@ def test_async_speculation_is_lossless_and_never_waits_for_the_device(model_dir,
     assert any(t["scheduled_ahead"] for t in ahead.get_step_trace())
     engine = ahead.engine
     engine.check_no_sync = True
-    launched = engine.runner.num_steps_ahead
+    ahead.clear_step_trace()
     try:
         for params in (greedy, sampled):
             ahead.generate(prompts, params, use_tqdm=False)  # raises on a sync inside a launch
     finally:
         engine.check_no_sync = False
-    assert engine.runner.num_steps_ahead > launched
+    assert any(t["scheduled_ahead"] and t["num_draft_tokens"] for t in ahead.get_step_trace())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -150,3 +150,10 @@ def test_the_engine_calls_nothing_on_the_runner_but_execute():
                 if name == "runner" and node.func.attr != "execute":
                     bad.append(f"{p.relative_to(ROOT)}:{node.lineno}: runner.{node.func.attr}(")
     assert not bad, f"send it in the SchedulerOutput instead: {bad}"
+
+
+def test_no_thread_local_step_state():
+    # Issue 53, "no hidden per-step state": a step's metadata is passed down or scoped visibly around
+    # one forward (worker/compiled_forward.forward_context), never kept in a thread-local.
+    bad = [str(p.relative_to(ROOT)) for p in _modules() if "threading.local" in p.read_text()]
+    assert not bad, bad

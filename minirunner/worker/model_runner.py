@@ -68,7 +68,6 @@ class ModelRunner:
         self.input_prep, self.state_mirror = "host", None
         self.set_input_prep(input_prep)
         self.drafter: Drafter | None = None
-        self.num_steps_ahead = 0  # verify steps launched from drafts proposed on the device (a count)
 
     def set_proposer(self, proposer: Proposer) -> None:
         """Propose drafts after sampling with ``proposer`` (n-gram, or a draft model's proposer)."""
@@ -263,7 +262,6 @@ class ModelRunner:
         computed = sched.num_computed_tokens()
         runs, logits, info = self._replay(bucket, kind, n, max(computed[r] for r in rids) + k + 1, k + 1)
         runs = runs.clone()  # the next replay overwrites the graph's outputs
-        self.num_steps_ahead += 1
         out = RunnerOutput(req_ids=rids, num_drafts=[k] * n, logits=logits, graph=info)
         return AsyncOutput(out, runs, timer=timer), VerifyStep(bucket, runs, drafts.start, ids)
 
