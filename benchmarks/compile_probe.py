@@ -51,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     llm = LLM(device="cpu", attention_backend="torch", max_model_len=128,
-              num_kv_blocks=args.num_kv_blocks)
+              num_kv_blocks=args.num_kv_blocks, num_threads=args.threads)
     engine, runner = llm.engine, llm.engine.runner
     b = runner.backend
     probe = ProbeDecodeBackend(b.num_q_heads, b.num_kv_heads, b.head_dim, b.scale, b.block_size,

@@ -5,8 +5,8 @@
 
 from minirunner.llm import LLM
 from minirunner.outputs import CompletionOutput, RequestMetrics, RequestOutput, StreamChunk
-from minirunner.sampling_params import SamplingParams
+from minirunner.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics",
-           "StreamChunk"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput",
+           "RequestMetrics", "StreamChunk"]
 __version__ = "0.1.0"

@@ -1,7 +1,10 @@
 """Configuration: the model's architecture (read from a Hugging Face config.json) and the engine's knobs.
 
 Owns validation of everything a user configures: a config needing a feature minirunner lacks is refused
-here with an error naming it. Nothing deeper in the engine reads environment variables or globals.
+here with an error naming it. The engine's knobs come from here, not from the environment: the few
+environment variables minirunner reads (a cache folder, the C compiler, the Triton interpreter, a profiler
+folder) are read in one module, minirunner/envs.py, which lists them. What an engine sets while it works
+(torch's threads, its compile-cache folder) is set around its work and put back (minirunner/engine_scope.py).
 """
 
 from __future__ import annotations
@@ -187,7 +190,7 @@ class EngineConfig:
     seed: int = 0
     kv_layout: str = "paged"  # "paged" | "contiguous" (reserve max_model_len) | "contiguous_exact"
     trace_block_tables: bool = False
-    num_threads: int | str | None = "auto"  # CPU only: torch threads ("auto": see LLMEngine)
+    num_threads: int | str | None = "auto"  # CPU only: torch threads for its work (engine_scope.py)
     graph_mode: str = "none"  # "auto" | "none" | "cuda" | "compile": resolve_graph_mode
     cudagraph_capture_sizes: list[int] | None = None  # the bucket ladder (None: cudagraph.capture_sizes)
     speculative_config: dict | None = None  # parsed by minirunner.spec_decode.config.SpeculativeConfig

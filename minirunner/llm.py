@@ -10,20 +10,17 @@ checked in minirunner/llm_args.py.
 
 from __future__ import annotations
 
-import random
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from minirunner.assets import default_model_dir
 from minirunner.config import EngineConfig, ModelConfig, resolve_device, resolve_dtype
-from minirunner.core.gc_heap import FreezesStartupHeap
 from minirunner.engine.engine import LLMEngine
 from minirunner.engine.input_processor import split_prompts, validate_batch
 from minirunner.engine.request_queue import check_priorities
@@ -43,7 +40,7 @@ from minirunner.tokenizer import render_chat
 # A prompt: text, token ids, or vLLM's TextPrompt {"prompt": str} / TokensPrompt {"prompt_token_ids": [...]}
 Prompt = str | list[int] | dict
 
-class LLM(FreezesStartupHeap):
+class LLM:
     def __init__(self, model: str | Path | None = None, dtype: str | torch.dtype = "auto",
                  device: str | torch.device = "auto", block_size: int = 16,
                  num_kv_blocks: int | None = None, kv_cache_memory_bytes: int | None = None,
@@ -88,10 +85,7 @@ class LLM(FreezesStartupHeap):
             graph_mode = "none"
         model_config = ModelConfig.from_dir(model)
         check_checkpoint(model, model_config)  # headers only: before any worker starts or layer is built
-        engine_seed = resolve_seed(seed)
-        if seed not in (None, -1):  # as vLLM: the seed also fixes the caller's Python and NumPy random state
-            random.seed(engine_seed)
-            np.random.seed(engine_seed % 2**32)
+        engine_seed = resolve_seed(seed)  # the engine's own generator: the caller's are never seeded
         config = EngineConfig(
             model=str(model), dtype=resolve_dtype(dtype, device, model_config.config_dtype),
             device=device, block_size=block_size, num_kv_blocks=num_kv_blocks,

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from minirunner import envs
+
 
 class StepProfiler:
     """One optional torch.profiler run over the steps of an engine on ``device``."""
@@ -26,7 +28,7 @@ class StepProfiler:
     def start(self, trace_dir: str | Path | None = None) -> None:
         if self.profiler is not None:
             raise ValueError("a profile is already running: call stop_profile() first")
-        named = trace_dir or os.environ.get("VLLM_TORCH_PROFILER_DIR")
+        named = trace_dir or envs.VLLM_TORCH_PROFILER_DIR
         self.folder = Path(named) if named else None  # None: a private folder, made when writing
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.device.type == "cuda":

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from minirunner.structured_output.params import StructuredOutputsParams
+
 # vLLM's default ``max_logprobs`` (ModelConfig): top-k lists longer than this are refused at admission
 # unless LLM(max_logprobs=...) raises it.
 MAX_LOGPROBS = 20
@@ -37,8 +39,7 @@ _DEFAULT_ONLY = {
     "logits_processors": (None, "per-request Python callables cannot run inside a batched, "
                                 "capturable sampling step; use logit_bias, allowed_token_ids or "
                                 "bad_words"),
-    "structured_outputs": (None, "structured (grammar-constrained) output is out of scope here"),
-    "guided_decoding": (None, "structured (grammar-constrained) output is out of scope here"),
+    "guided_decoding": (None, "removed in vLLM V1: use structured_outputs=StructuredOutputsParams(...)"),
     "stream_interval": (None, "stream() yields every step's new text"),
     "flat_logprobs": (False, "logprobs come as vLLM's list of {token_id: Logprob} dicts"),
     "logprob_token_ids": (None, "use logprobs=k for the top k"),
@@ -73,8 +74,9 @@ class SamplingParams:
     vLLM (it becomes None). ``allowed_token_ids``: only these tokens may be sampled. ``bad_words``:
     a word (with and without a leading space, as vLLM tokenises it) may not be completed: its last
     token is banned whenever the output ends with the rest of it. ``truncate_prompt_tokens=k``: keep
-    the prompt's last k tokens (-1: the last max_model_len - 1). The other vLLM fields are accepted at
-    their defaults (see ``_DEFAULT_ONLY``)."""
+    the prompt's last k tokens (-1: the last max_model_len - 1). ``structured_outputs``: a
+    StructuredOutputsParams (a JSON schema, a regex, a choice, a grammar or any JSON object) the output
+    must match. The other vLLM fields are accepted at their defaults (see ``_DEFAULT_ONLY``)."""
 
     n: int = 1
     temperature: float = 1.0
@@ -102,11 +104,12 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     extra_args: dict[str, Any] | None = None  # accepted and unused, as by vLLM's own samplers
     skip_clone: bool = False  # no effect: the engine never changes a SamplingParams it was given
+    # the output must match this grammar (minirunner/structured_output/; compiled at admission)
+    structured_outputs: StructuredOutputsParams | None = None
     # vLLM fields accepted at their default only (_DEFAULT_ONLY says why another value is refused).
     best_of: int | None = field(default=None, repr=False)
     spaces_between_special_tokens: bool = field(default=True, repr=False)
     logits_processors: list | None = field(default=None, repr=False)
-    structured_outputs: Any = field(default=None, repr=False)
     guided_decoding: Any = field(default=None, repr=False)
     stream_interval: int | None = field(default=None, repr=False)
     flat_logprobs: bool = field(default=False, repr=False)
@@ -234,6 +237,11 @@ class SamplingParams:
                              "stop_token_ids")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs,
+                                                                  StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams, e.g. "
+                             f"StructuredOutputsParams(json=schema), got a "
+                             f"{type(self.structured_outputs).__name__}")
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise ValueError(f"extra_args must be a dict or None, got {self.extra_args!r}")
 

@@ -76,6 +76,31 @@ def parse_choice(answer: Any, choices) -> str | None:
     return choice if choice and choice in choices else None
 
 
+def choice_exercise(seed: int, rng, question: str, right: tuple[str, str], wrongs: list[tuple[str, str]],
+                    wrong_suffix: str = "", **kwargs: Any) -> Exercise:
+    """A multiple-choice Exercise: ``right`` and ``wrongs`` are (option, why) pairs, shuffled with ``rng``
+    and lettered a, b, c...; an answer gets its option's why (``wrong_suffix`` appended to a wrong one's).
+    ``kwargs`` go to Exercise (``hint``, ``command``)."""
+    options = [right, *wrongs]
+    rng.shuffle(options)
+    letters = "abcdefgh"[:len(options)]
+    answer_letter = letters[options.index(right)]
+    listed = ", ".join(f'"{c}"' for c in letters[:-1]) + f' or "{letters[-1]}"'
+    text = question + "\n" + "\n".join(f"({c}) {o[0]}" for c, o in zip(letters, options, strict=True)) + \
+        f"\nAnswer {listed.replace(chr(34), '')}."
+    why = dict(zip(letters, (o[1] for o in options), strict=True))
+
+    def diagnose(answer) -> Verdict:
+        choice = parse_choice(answer, letters)
+        if choice is None:
+            return Verdict(False, f"answer {listed}.")
+        if choice == answer_letter:
+            return Verdict(True, why[choice] + ".")
+        return Verdict(False, why[choice] + wrong_suffix + ".")
+
+    return Exercise(seed, text, answer_letter, diagnose, **kwargs)
+
+
 def parse_float(answer: Any) -> float | None:
     """A number from anything ``float`` takes (an int, a float, a numeric string); None otherwise."""
     try:

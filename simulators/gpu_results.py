@@ -1,8 +1,10 @@
 """One GPU run's results as data: the schema of ``benchmarks/results/gpu_run.json``, its loader, the line
 a notebook prints beside a CPU figure, and the collector ``scripts/gpu_check.sh`` calls.
 
-Owns the file's shape (machine, GPU name, torch/CUDA versions, commit, command, figures) and the rule
-that a figure absent from it is "not measured on a GPU yet", never a model output. Pure Python (json):
+Owns the file's shape (machine, GPU name, torch/CUDA versions, commit, command, each block's status,
+figures), the rule that a figure absent from it is "not measured on a GPU yet", never a model output, and
+the caveats printed with every figure: a partial run says which blocks failed or timed out, and an anomaly
+in the figures (a larger batch with a shorter step) is named before a figure is quoted. Pure Python (json):
 it imports neither torch nor the runner, so tests and notebooks read it anywhere.
 
     run = load_gpu_run()                      # None when no GPU run is committed
@@ -15,7 +17,7 @@ import argparse
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SCHEMA = "minirunner.gpu_run/1"
@@ -23,8 +25,12 @@ NOT_MEASURED = "not measured on a GPU yet"
 RESULTS_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu_run.json"
 _TOP = ("schema", "machine", "gpu", "versions", "commit", "command", "date", "figures")
 
-__all__ = ["SCHEMA", "NOT_MEASURED", "RESULTS_PATH", "Figure", "GpuRun", "load_gpu_run", "parse_gpu_run",
-           "gpu_line", "collect"]
+__all__ = ["SCHEMA", "NOT_MEASURED", "RESULTS_PATH", "BLOCKS", "Figure", "GpuRun", "load_gpu_run",
+           "parse_gpu_run", "gpu_line", "block_status", "commits_behind", "collect"]
+
+# the blocks of scripts/gpu_check.sh, in its report (gpu_check.json)
+BLOCKS = ("gpu_tests", "kernel_bench", "graphs", "spec_decode", "serving", "paged_vs_contiguous",
+          "tensor_parallel")
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,7 @@ class GpuRun:
     command: str
     date: str
     figures: dict  # name -> Figure
+    blocks: dict = field(default_factory=dict)  # block -> "passed" / "failed (...)" / "timed out"
 
     def figure(self, name: str) -> Figure | None:
         return self.figures.get(name)
@@ -63,7 +70,35 @@ class GpuRun:
     def describe(self) -> str:
         v = self.versions
         return (f"{self.gpu}, torch {v.get('torch', '?')}, CUDA {v.get('cuda', '?')}, "
-                f"commit {self.commit[:10]}")
+                f"commit {self.commit[:10]} of {self.date[:10]}{'; ' + self.status() if self.blocks else ''}")
+
+    def status(self) -> str:
+        """Which blocks of the run passed, failed or timed out ("all N blocks passed" when all did)."""
+        bad = {b: s for b, s in self.blocks.items() if s != "passed"}
+        if not bad:
+            return f"all {len(self.blocks)} blocks passed"
+        good = [b for b, s in self.blocks.items() if s == "passed"]
+        return (f"a partial run: {', '.join(f'{b} {s}' for b, s in bad.items())}; "
+                f"passed: {', '.join(good) or 'none'}")
+
+    def anomalies(self) -> list[str]:
+        """Figures that contradict each other: a step that is shorter at a larger batch (the same mode).
+        Each must be explained before a figure built on it is quoted."""
+        found = []
+        for mode in ("eager", "graph"):
+            steps = sorted((int(n.split(".")[1][5:]), f) for n, f in self.figures.items()
+                           if n.startswith("graphs.batch") and n.endswith(f".{mode}_step_ms"))
+            for (b1, f1), (b2, f2) in zip(steps, steps[1:], strict=False):
+                if f2.value < f1.value:
+                    rng = f", range {f2.low:.3g}-{f2.high:.3g}" if f2.low is not None else ""
+                    text = (f"the {mode} step at batch {b2} ({f2.value:.3g} ms{rng}) is shorter than at "
+                            f"batch {b1} ({f1.value:.3g} ms), though a larger batch does more work")
+                    if f2.high is not None and f2.high >= 0.95 * f1.value:
+                        text += (f"; some batch-{b2} steps ran at the batch-{b1} level, so the step may have "
+                                 "got faster during the run (the batches ran in turn, smallest first) rather "
+                                 "than with the batch: not established until a rerun")
+                    found.append(text)
+        return found
 
 
 def _number(value, where: str) -> float:
@@ -97,8 +132,11 @@ def parse_gpu_run(doc: dict) -> GpuRun:
         figures[name] = Figure(_number(f["value"], f"figure {name!r} value"), str(f["unit"]), str(f["what"]),
                                None if low is None else _number(low, f"figure {name!r} low"),
                                None if high is None else _number(high, f"figure {name!r} high"))
+    blocks = doc.get("blocks", {})
+    if not isinstance(blocks, dict) or not all(isinstance(v, str) for v in blocks.values()):
+        raise ValueError("GPU results: blocks must be an object of block -> status string")
     return GpuRun(doc["machine"], doc["gpu"], dict(doc["versions"]), doc["commit"], doc["command"],
-                  doc["date"], figures)
+                  doc["date"], figures, dict(blocks))
 
 
 def load_gpu_run(path: str | Path | None = None) -> GpuRun | None:
@@ -119,10 +157,45 @@ def gpu_line(name: str, run: GpuRun | None, cpu: str | None = None) -> str:
     on a GPU yet", and the CPU figure beside it when one is given."""
     fig = run.figure(name) if run is not None else None
     if fig is None:
-        gpu = f"GPU: {NOT_MEASURED}" + ("" if run is None else f" (no {name} in the run on {run.gpu})")
+        block = run.blocks.get(name.split(".")[0]) if run is not None else None
+        why = f": its {name.split('.')[0]} block {block}" if block and block != "passed" else ""
+        gpu = f"GPU: {NOT_MEASURED}" + ("" if run is None else f" (no {name} in the run on {run.gpu}{why})")
     else:
         gpu = f"GPU ({run.describe()}): {fig} — {fig.what}"
+        if name.startswith("graphs.") and run.anomalies():
+            gpu += "\n  anomaly, unexplained: " + "; ".join(run.anomalies())
     return gpu if cpu is None else f"{gpu}\n  beside it, CPU (this run): {cpu}"
+
+
+def commits_behind(run: GpuRun, root: str | Path | None = None) -> int | None:
+    """How many commits this checkout is past the run's commit (None without git, or when the run's
+    commit is not in this checkout's history)."""
+    import subprocess
+
+    where = Path(root) if root is not None else RESULTS_PATH.parents[2]
+    try:
+        out = subprocess.run(["git", "-C", str(where), "rev-list", "--count", f"{run.commit}..HEAD"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return int(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip().isdigit() else None
+
+
+def block_status(report: dict) -> dict:
+    """scripts/gpu_check.sh's report (gpu_check.json) -> {block: "passed" | "failed (...)" | "timed out"}."""
+    blocks = {}
+    for name in BLOCKS:
+        b = report.get(name)
+        if not isinstance(b, dict) or "rc" not in b:
+            continue
+        if b.get("timed_out"):
+            blocks[name] = "timed out"
+        elif b["rc"] == 0:
+            blocks[name] = "passed"
+        else:
+            summary = str(b.get("summary", "")).split(" in ")[0]
+            blocks[name] = f"failed (rc {b['rc']}{': ' + summary if summary else ''})"
+    return blocks
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,7 +255,8 @@ def collect(report_dir: str | Path, *, command: str, commit: str, date: str) -> 
     versions["cuda"] = str(env.get("cuda_version"))
     return {"schema": SCHEMA, "machine": str(env.get("machine", "unknown")),
             "gpu": f"{gpu.get('name', 'unknown GPU')} ({gpu.get('memory_GiB', '?')} GiB)",
-            "versions": versions, "commit": commit, "command": command, "date": date, "figures": figures}
+            "versions": versions, "commit": commit, "command": command, "date": date,
+            "blocks": block_status(_load(d, "gpu_check.json")), "figures": figures}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

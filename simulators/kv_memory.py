@@ -188,6 +188,46 @@ def buddy_reservation(prompt_len: int, max_tokens: int, max_model_len: int) -> i
 
 
 
+# ---------------------------------------------------------------------------------------------
+# capacity: what fits on a device (notebook 02's arithmetic, shared by the rooflines of 04, 06 and 07)
+
+# an H200's memory as torch reported it on the GPU run (benchmarks/results/gpu_run.json: "139.8 GiB");
+# the datasheet says 141 GB
+H200_BYTES = 139.8 * 2**30
+
+
+def kv_token_slots(device_bytes: float, weight_bytes: float, kv_bytes_per_token: float, tp: int = 1) -> int:
+    """KV token slots left on ``tp`` devices of ``device_bytes`` each once the weights are loaded:
+    (tp x device - weights) // KV bytes per token (tensor parallelism splits both the weights and the KV
+    heads over the devices). 0 when the weights alone do not fit. Activations and the runtime's own
+    memory are left out, so this is an upper bound."""
+    if device_bytes <= 0 or kv_bytes_per_token <= 0 or tp < 1:
+        raise ValueError("device_bytes and kv_bytes_per_token must be > 0 and tp >= 1")
+    free = tp * device_bytes - weight_bytes
+    return max(0, int(free // kv_bytes_per_token))
+
+
+def max_batch(device_bytes: float, weight_bytes: float, kv_bytes_per_token: float, context: int,
+              tp: int = 1) -> int:
+    """The largest batch of requests holding ``context`` tokens each whose KV fits beside the weights
+    (0: not even one). A batch curve stops here: past it the requests wait or are preempted."""
+    if context <= 0:
+        raise ValueError(f"context must be >= 1 token, got {context}")
+    return kv_token_slots(device_bytes, weight_bytes, kv_bytes_per_token, tp) // context
+
+
+def min_tp(device_bytes: float, weight_bytes: float, kv_bytes_per_token: float, context: int,
+           batch: int = 1) -> int:
+    """The smallest power-of-two tensor-parallel degree whose devices hold the weights and ``batch``
+    requests of ``context`` tokens (rows for such a model are "per GPU under TP = N")."""
+    tp = 1
+    while max_batch(device_bytes, weight_bytes, kv_bytes_per_token, context, tp) < batch:
+        tp *= 2
+        if tp > 1024:
+            raise ValueError("the model does not fit on 1024 devices")
+    return tp
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line (``python -m simulators.kv_memory --help``); see ``simulators.kv_cli``."""
     from simulators.kv_cli import main as cli_main  # late: the CLI imports the allocator, which imports us

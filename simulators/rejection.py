@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from simulators.exercises import Exercise, ImplementIt, Verdict, parse_choice, parse_float
+from simulators.exercises import Exercise, ImplementIt, Verdict, choice_exercise, parse_float
 from simulators.hinted_exercises import HintedTask, hinted
 
 __all__ = ["acceptance_probability", "residual", "emitted_distribution", "rejection_sample_chain",
@@ -277,24 +277,9 @@ def make_regime_exercise(seed: int) -> Exercise:
     rng = random.Random(seed)
     name = rng.choice(sorted(_REGIMES))
     question, right, wrongs = _REGIMES[name]
-    options = [right, *wrongs]
-    rng.shuffle(options)
-    letters = "abc"
-    answer_letter = letters[options.index(right)]
-    text = question + "\n" + "\n".join(f"({c}) {o[0]}" for c, o in zip(letters, options, strict=True)) + \
-        "\nAnswer a, b or c."
-    why = dict(zip(letters, (o[1] for o in options), strict=True))
-
-    def diagnose(answer) -> Verdict:
-        choice = parse_choice(answer, letters)
-        if choice is None:
-            return Verdict(False, 'answer "a", "b" or "c".')
-        if choice == answer_letter:
-            return Verdict(True, why[choice] + ".")
-        return Verdict(False, why[choice] + "; ask which of weight bytes / bandwidth, FLOPs / peak or "
-                                            "operators x host cost is the largest (notebook 04).")
-
-    return Exercise(seed, text, answer_letter, diagnose)
+    suffix = ("; ask which of weight bytes / bandwidth, FLOPs / peak or operators x host cost is the largest "
+              "(notebook 04)")
+    return choice_exercise(seed, rng, question, right, wrongs, wrong_suffix=suffix)
 
 
 # ---------------------------------------------------------------------------------------------

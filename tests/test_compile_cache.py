@@ -1,6 +1,7 @@
 """The on-disk compile cache (worker/compile_cache.py): the folder ``MINIRUNNER_COMPILE_CACHE`` names (or
-the default under ~/.cache), a second process that reuses the first one's compiled step (torch's own
-cache counters report the hit), and a bad value refused with a ValueError that names the variable.
+the default under ~/.cache), torch pointed at it only inside the engine's scope, a second process that
+reuses the first one's compiled step (torch's own cache counters report the hit), and a bad value refused
+with a ValueError that names the variable.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 import torch
 from tiny_models import make_tiny_model
 
-from minirunner.worker.compile_cache import ENV_VAR, cache_dir, configure_compile_cache
+from minirunner.worker.compile_cache import ENV_VAR, cache_dir, configure_compile_cache, inductor_cache_dir
 
 # One process: build a compiled engine over the tiny model, run one decode step, print torch's counters.
 CHILD = """
@@ -55,12 +56,20 @@ def test_a_file_or_an_uncreatable_folder_is_refused(tmp_path, monkeypatch):
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "untouched")  # nothing was set
 
 
-def test_configure_points_inductor_at_the_folder(tmp_path, monkeypatch):
+def test_configure_makes_the_folder_and_points_inductor_at_it_only_inside_the_scope(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "before"))
     monkeypatch.setenv(ENV_VAR, str(tmp_path / "new" / "cache"))
     folder = configure_compile_cache()
     assert folder == (tmp_path / "new" / "cache").resolve() and folder.is_dir()
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(folder)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "before")  # the caller's, untouched
+    with pytest.raises(KeyError), inductor_cache_dir(folder):
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(folder)
+        raise KeyError("the engine's work failed")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "before")  # put back, even then
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    with inductor_cache_dir(folder):
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(folder)
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ  # unset before, unset after
 
 
 def test_a_second_process_reuses_the_first_ones_compiled_step(tmp_path):

@@ -288,26 +288,30 @@ def test_split_host_cost_recovers_an_engine_term_and_a_per_operator_cost():
 
 # --- the dynamic-k implement-it, against the runner's own rule (spec_decode/dynamic.py) -----------
 
-def runner_choose_k(history, call, k_max, warmup_steps, probe_every):
+def runner_choose_k(history, plain_s, call, k_max, warmup_steps, probe_every):
     assert (warmup_steps, probe_every) == (WARMUP_STEPS, PROBE_EVERY)
     dyn, stats = AcceptanceDrivenK(k_max, cost_ratio=None), SpecStats()
     for s in history:
         stats.record(s["k"], s["accepted"])
         dyn.observe(s["propose_s"], s["k"], s["verify_s"])
+    dyn.observe_plain(plain_s)
     dyn.num_decisions = call - 1
     return dyn.choose(stats)
 
 
-def _chooser(alpha_of, c_of, warmup=True, probe=True, allow_zero=True):
+def _chooser(alpha_of, c_of, warmup=True, probe=True, allow_zero=True, with_v=True):
     """A student's chooser, with one rule switchable to a known mistake."""
-    def choose(history, call, k_max, warmup_steps, probe_every):
+    def choose(history, plain_s, call, k_max, warmup_steps, probe_every):
         if warmup and len(history) < warmup_steps:
             return k_max
         accepted = sum(s["accepted"] for s in history)
         alpha = alpha_of(history, accepted)
-        c = c_of(history)
+        verify = sum(s["verify_s"] for s in history) / len(history)
+        v = verify / plain_s if with_v else 1.0
+        c = c_of(history) * v  # c_of: per verify step; c against the plain step is that times v
         ks = range(0 if allow_zero else 1, k_max + 1)
-        factor = lambda k: (k + 1 if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)) / (k * c + 1)  # noqa: E731
+        factor = lambda k: 1.0 if k == 0 else (  # noqa: E731
+            k + 1 if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)) / (k * c + v)
         best = max(ks, key=factor)
         return 1 if probe and best == 0 and call % probe_every == 0 else best
     return choose
@@ -338,6 +342,7 @@ def test_the_dynamic_k_reference_solution_agrees_with_the_runner(k_task):
     _chooser(_tested, _per_token, warmup=False),  # trusts the first steps' noise
     _chooser(_tested, _per_token, probe=False),   # k = 0 forever: alpha and c are never measured again
     _chooser(_tested, _per_token, allow_zero=False),  # never turns speculation off
+    _chooser(_tested, _per_token, with_v=False),  # a verify pass taken to cost one plain step (v = 1)
     lambda history, call, k_max, **_: k_max,      # always speculate as deep as allowed
 ])
 def test_known_wrong_choosers_fail_and_get_the_hint_only_then(k_task, wrong):
@@ -347,7 +352,7 @@ def test_known_wrong_choosers_fail_and_get_the_hint_only_then(k_task, wrong):
 
 
 def test_an_untouched_chooser_is_not_implemented_yet_without_the_algorithm(k_task):
-    def stub(history, call, k_max, warmup_steps, probe_every):
+    def stub(history, plain_s, call, k_max, warmup_steps, probe_every):
         raise NotImplementedYet
 
     verdict = k_task.check(stub)

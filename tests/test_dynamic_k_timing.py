@@ -47,8 +47,10 @@ def test_dynamic_k_reads_the_device_time_of_the_step(pair):  # noqa: F811
     ks = [max(k for k, _ in t["spec_runs"].values()) if t["spec_runs"] else 0
           for t in llm.get_step_trace()]
     steady = ks[WARMUP_STEPS + 2:-3]  # past the warm-up, before max_tokens trims k
-    # an exact draft (alpha 1) whose passes cost less than the target's step: k stays at k_max
-    assert steady and all(k == 3 for k in steady), ks
+    # an exact draft (alpha 1) whose passes cost less than the target's step: k stays at k_max, but for
+    # the plain decode steps a probe takes to time v (every plain step here reports the same device time)
+    assert dynamic.plain_steps >= 1 and dynamic.measured_verify_ratio() == pytest.approx(1.0)
+    assert steady and set(steady) <= {0, 3} and steady.count(0) <= 2, ks
 
 
 def test_choose_k_is_pure():

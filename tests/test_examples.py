@@ -3,6 +3,7 @@ user makes), run as a user runs them: each as __main__ in one fresh interpreter,
 
 from __future__ import annotations
 
+import random
 import re
 import subprocess
 import sys
@@ -37,6 +38,8 @@ def test_the_vllm_style_examples_run_and_show_what_they_claim(tmp_path):
     assert len(cached) == 4 and min(cached) > 0
     first, second = out["reproducibility.py"]
     assert first.split("\n", 1)[1] == second.split("\n", 1)[1], "same seed, same texts and number"
+    caller = int(re.search(r"after seeding itself with 0: (\d+)", first).group(1))
+    assert caller == random.Random(0).randint(0, 100), "the engine moved the caller's random state"
     metrics = out["metrics.py"][0]  # four prompts: four requests finished, each after its first token
     finished = re.findall(r"vllm:request_success \(counter\) = (\d+)", metrics)
     assert sum(map(int, finished)) == 4, metrics

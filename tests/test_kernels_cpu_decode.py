@@ -1,10 +1,15 @@
 """The CPU's C decode kernel (kernels/paged_decode_cpu.c) against its torch twin ``paged_decode_ref``:
 called directly, through the ``minirunner::paged_decode_cpu`` operator inside a compiled graph, on
-narrowed (strided) block tables, and its build where no compiler works."""
+narrowed (strided) block tables; its build (a real compiler, ``CC`` as a word list, a failed or hung
+build, a stale temporary file), the folders it refuses, the outcome kept per folder, and bad block ids."""
 
 from __future__ import annotations
 
+import logging
+import shlex
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -85,9 +90,85 @@ def test_supports_only_what_the_kernel_reads():
     assert not cpu_kernel.supports(q, b.kv_cache.transpose(0, 1), b.block_tables, b.seq_lens)
 
 
-def test_no_working_compiler_builds_nothing(tmp_path, monkeypatch):
-    """Where the compiler fails, nothing half-built is left behind and the caller is told (None), so a
-    compiled step keeps torch's form."""
+def _files(folder):
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_no_working_compiler_builds_nothing_and_leaves_no_temporary_file(tmp_path, monkeypatch, caplog):
+    """Where the compiler fails, nothing half-built is left behind, the caller is told (False) and a
+    WARNING says why, so a compiled step keeps torch's form."""
     monkeypatch.setenv("CC", "false")
-    assert cpu_kernel._build(tmp_path) is None  # noqa: SLF001 (the build itself, not the once-per-process cache)
-    assert list(tmp_path.iterdir()) == []
+    with caplog.at_level(logging.WARNING, logger="minirunner"):
+        assert not cpu_kernel.load(tmp_path / "k")
+    assert _files(tmp_path / "k") == []
+    assert any("CPU decode kernel is not used" in r.getMessage() and r.levelno == logging.WARNING
+               for r in caplog.records)
+
+
+def test_a_hung_compiler_is_stopped_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", f"{shlex.quote(sys.executable)} -c 'import time; time.sleep(600)'")
+    assert not cpu_kernel.load(tmp_path / "k", timeout_s=1.0)
+    assert _files(tmp_path / "k") == []
+
+
+def test_cc_is_split_like_a_shell_word_list(tmp_path, monkeypatch, kernel):
+    """``CC="env LC_ALL=C gcc"``: a wrapper and its arguments before the compiler (as ``ccache gcc``)."""
+    cc = next(c for c in ("cc", "gcc", "clang") if shutil.which(c))
+    monkeypatch.setenv("CC", f"env LC_ALL=C {cc}")
+    assert cpu_kernel.compiler() == ["env", "LC_ALL=C", cc]
+    assert cpu_kernel.load(tmp_path / "k")
+    assert [n for n in _files(tmp_path / "k") if n.endswith(".so")]
+
+
+def test_a_folder_others_can_write_is_refused(tmp_path, caplog):
+    """A library is loaded only from a folder of this user that group and others cannot write: a
+    writable one could hold a planted ``.so`` under the predictable name."""
+    for mode, who in ((0o777, "others"), (0o775, "its group")):
+        folder = tmp_path / f"open{mode:o}"
+        folder.mkdir()
+        folder.chmod(mode)
+        with caplog.at_level(logging.WARNING, logger="minirunner"):
+            assert not cpu_kernel.load(folder)
+        assert _files(folder) == []  # nothing built there, nothing loaded
+        assert any(f"writable by {who}" in r.getMessage() and str(folder) in r.getMessage()
+                   for r in caplog.records)
+
+
+def test_the_outcome_is_kept_per_folder(tmp_path, kernel):
+    """Two folders in one process, two outcomes, whichever comes first."""
+    open_folder, own_folder = tmp_path / "open", tmp_path / "own"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)
+    assert not cpu_kernel.load(open_folder)
+    assert cpu_kernel.load(own_folder)
+    assert not cpu_kernel.load(open_folder)
+    assert own_folder.stat().st_mode & 0o777 == 0o700  # the folder the kernel made is private
+
+
+def test_a_temporary_file_of_a_killed_build_is_removed_by_the_next(tmp_path, kernel):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a process that no longer exists, as one killed mid-build
+    folder = tmp_path / "k"
+    folder.mkdir(mode=0o700)
+    stale = folder / f"{cpu_kernel.TMP_PREFIX}0123.{gone.pid}.abc{cpu_kernel.TMP_SUFFIX}"
+    stale.write_bytes(b"half a library")
+    assert cpu_kernel.load(folder)
+    assert not stale.exists()
+    assert all(n.endswith(".so") for n in _files(folder))
+
+
+@pytest.mark.parametrize("bad_id", [-1, 40])
+def test_a_bad_block_id_raises_naming_it(kernel, bad_id):
+    """A block table pointing outside the cache raises IndexError naming the id, instead of reading
+    memory outside the cache; a padding row (length 0) reads no block, whatever its table holds."""
+    b = random_paged_batch([20, 33, 0], [1, 1, 0], 4, 2, 32, 16, seed=7)
+    assert b.kv_cache.shape[0] <= 40
+    tables = b.block_tables.clone()
+    tables[2, :] = -5  # the padding row: never read
+    q = torch.randn(3, 4, 32)
+    cpu_kernel.paged_decode_cpu(q, b.kv_cache, tables, b.seq_lens, 0.5)  # fine as it is
+    tables[1, 2] = bad_id  # the third block of sequence 1 (33 tokens read 3 blocks)
+    with pytest.raises(IndexError, match=f"sequence 1 reads block id {bad_id} \\(column 2"):
+        cpu_kernel.paged_decode_cpu(q, b.kv_cache, tables, b.seq_lens, 0.5)
+    with pytest.raises(IndexError, match=f"block id {bad_id}"):  # through the operator a graph calls
+        paged_decode_op(q, b.kv_cache, tables, b.seq_lens, 0.5)

@@ -12,6 +12,7 @@ import torch
 
 from minirunner.attention.base import AttentionBackend
 from minirunner.attention.metadata import AttentionMetadata
+from minirunner.log import warning_once
 
 # name -> "module:Class", imported only when chosen (triton and flashinfer are optional).
 BACKENDS = {
@@ -20,16 +21,14 @@ BACKENDS = {
     "flashinfer": "minirunner.attention.flashinfer_backend:FlashInferAttentionBackend",
 }
 logger = logging.getLogger(__name__)
-_LOGGED: set[str] = set()
 
 
 def _importable(module: str) -> bool:
     try:
         importlib.import_module(module)
     except Exception as e:  # a broken install is skipped, and said once (vLLM logs each fallback)
-        if module not in _LOGGED:
-            _LOGGED.add(module)
-            logger.info("attention_backend='auto': %s is not usable here (%s); falling back", module, e)
+        warning_once(logger, "attention_backend='auto': %s is not usable here (%s); falling back",
+                     module, e)
         return False
     return True
 

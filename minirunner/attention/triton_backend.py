@@ -11,10 +11,9 @@ run on a GPU.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from minirunner import envs
 from minirunner.attention.base import AttentionBackend
 from minirunner.attention.metadata import AttentionMetadata
 from minirunner.kernels.paged_attention import (
@@ -34,7 +33,7 @@ class TritonAttentionBackend(AttentionBackend):
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, scale: float,
                  block_size: int, device: torch.device, dtype: torch.dtype):
         super().__init__(num_q_heads, num_kv_heads, head_dim, scale, block_size, device, dtype)
-        if torch.device(device).type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        if torch.device(device).type == "cpu" and not envs.TRITON_INTERPRET:
             raise ValueError("attention_backend='triton' on CPU needs the Triton interpreter: set "
                              "TRITON_INTERPRET=1 before Python starts (slow; for tests), or use "
                              "attention_backend='torch'")

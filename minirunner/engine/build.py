@@ -3,14 +3,13 @@
 enabled) and the speculator.
 
 Owns the construction order and the sizing rules (how many KV blocks a budget buys, with a draft
-model's cache paid from the same budget; torch's CPU threads; the prefix-cache salt). The draft model is
+model's cache paid from the same budget; the prefix-cache salt). The draft model is
 built through the same ``make_backend`` and ``ModelRunner`` as the target. It never runs a step.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +52,7 @@ class EngineParts:
 
 def build_engine(config: EngineConfig, mc: ModelConfig) -> EngineParts:
     """Load the model and build the engine's parts, in order (the KV budget needs the model on CUDA)."""
-    num_threads = configure_cpu_threads(config)
+    num_threads = torch.get_num_threads()  # the engine's own: LLMEngine builds inside its scope
     tp = config.tensor_parallel_size
     model = load_model(config.model, mc, config.dtype, config.device) if tp == 1 else None
     spec_config = None if config.speculative_config is None else SpeculativeConfig.from_dict(
@@ -129,18 +128,3 @@ def cache_salt(config: EngineConfig, model_config: ModelConfig) -> bytes:
     """What makes K/V of equal tokens differ between engines: the model and the KV dtype."""
     text = f"{Path(config.model).resolve()}|{model_config}|{config.dtype}"
     return hashlib.sha256(text.encode()).digest()
-
-
-def configure_cpu_threads(config: EngineConfig) -> int:
-    """On a CPU, set torch's intra-op threads: ``num_threads`` if given; under "auto" one per core this
-    process may run on (divided among the tensor-parallel ranks, each of which uses the number returned);
-    under None, torch's own setting. Returns the number in force (process-wide).
-    On an oversubscribed machine (more runnable threads than cores) one thread is far faster: pass
-    num_threads=1 there (measurements: benchmarks/README.md)."""
-    if config.device.type == "cpu" and config.num_threads is not None:
-        if config.num_threads == "auto":
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-            torch.set_num_threads(max(1, cores // config.tensor_parallel_size))  # per rank
-        else:
-            torch.set_num_threads(config.num_threads)
-    return torch.get_num_threads()

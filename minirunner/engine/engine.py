@@ -16,10 +16,7 @@ import random
 import time
 from dataclasses import dataclass
 
-import torch
-
 from minirunner.config import EngineConfig, ModelConfig
-from minirunner.core.gc_heap import FreezesStartupHeap
 from minirunner.core.sync_check import sync_check
 from minirunner.engine.build import build_engine
 from minirunner.engine.detokenizer import IncrementalDetokenizer
@@ -30,11 +27,13 @@ from minirunner.engine.parallel_sampling import child_id, child_seed
 from minirunner.engine.request import Request
 from minirunner.engine.request_queue import check_priority
 from minirunner.engine.trace import StepTracer
+from minirunner.engine_scope import EngineScope, in_engine_scope
 from minirunner.generation_config import generation_eos_ids
 from minirunner.metrics.reader import Metric
 from minirunner.metrics.stats import EngineMetrics
 from minirunner.outputs import RequestOutput, build_request_output
 from minirunner.sampling_params import SamplingParams
+from minirunner.structured_output.manager import StructuredOutputManager
 from minirunner.tokenizer import load_tokenizer
 from minirunner.worker.runner_output import RunnerOutput, StepGraphInfo
 
@@ -48,7 +47,7 @@ class EngineStep:
     runner_output: RunnerOutput | None = None
 
 
-class LLMEngine(FreezesStartupHeap):
+class LLMEngine:
     def __init__(self, config: EngineConfig, model_config: ModelConfig | None = None):
         self.model_config = mc = model_config or ModelConfig.from_dir(config.model)
         self.config = config = config.resolved(mc)
@@ -56,17 +55,20 @@ class LLMEngine(FreezesStartupHeap):
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_token_ids = (frozenset(mc.eos_token_ids) | generation_eos_ids(config.model)
                               | frozenset(() if tokenizer_eos is None else (tokenizer_eos,)))
-        torch.manual_seed(config.seed)
-        self._rng = random.Random(config.seed)
-        parts = build_engine(config, mc)
+        self._rng = random.Random(config.seed)  # private: the caller's generators are never seeded
+        self.scope = EngineScope.for_config(config)  # threads, compile cache: set for its work only
+        with self.scope.applied():
+            parts = build_engine(config, mc)
         self.num_threads, self.model, self.backend = parts.num_threads, parts.model, parts.backend
         self.num_kv_blocks, self.kv, self.block_pool = parts.num_kv_blocks, parts.kv, parts.kv.pool
         self.scheduler, self.runner, self.spec = parts.scheduler, parts.runner, parts.spec
         self.pending: InFlightStep | None = None  # async scheduling: the step launched, not yet read
         self.check_no_sync = False  # CUDA: raise if preparing and launching a step waits for the device
+        self.structured = StructuredOutputManager(self.tokenizer, mc.vocab_size, self.eos_token_ids)
         self.input_processor = InputProcessor(self.tokenizer, mc.vocab_size, config.max_model_len,
                                               config.max_logprobs, self.kv.reservation_blocks,
-                                              lambda: self.num_kv_blocks, config.kv_layout == "paged")
+                                              lambda: self.num_kv_blocks, config.kv_layout == "paged",
+                                              self.structured.compile)
         self.output_processor = OutputProcessor(self.tokenizer, self.kv)
         self.metrics = EngineMetrics.for_engine(config, parts.spec_config)  # the one set: get_metrics
         self.scheduler.metrics = self.metrics  # admissions are prefix-cache queries
@@ -147,6 +149,7 @@ class LLMEngine(FreezesStartupHeap):
     def free_request(self, request: Request) -> None:
         """Free a finished or aborted request's blocks (the worker forgets it with the next step)."""
         self.scheduler.finish(request)
+        self.structured.free(request.request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or self.pending is not None
@@ -157,6 +160,7 @@ class LLMEngine(FreezesStartupHeap):
         produced a token or finished (more than one token when speculative drafts were accepted)."""
         return self.execute_step().produced
 
+    @in_engine_scope
     def execute_step(self) -> EngineStep:
         """One step: schedule → execute (launch; drafts are proposed after sampling) → apply → trace.
         Synchronous: the step is launched and applied here. With ``async_scheduling`` the step
@@ -205,6 +209,7 @@ class LLMEngine(FreezesStartupHeap):
             k = self.spec.plan(self.scheduler.running)
             propose_s = self.spec.propose_s
         sched = self.scheduler.schedule(k)
+        sched.output.grammar_bitmask = self.structured.bitmasks(sched.scheduled)
         self.metrics.record_schedule(len(sched.preempted))
         if not sched.scheduled:
             self.tracer.record(sched, finished=[], occupancy=self.tracer.occupancy(), num_output_tokens=0,
@@ -243,6 +248,7 @@ class LLMEngine(FreezesStartupHeap):
         live = None if self.spec is None else [
             (s, run) for s, run in zip(sampling, out.runs, strict=True) if not s.request.is_finished]
         applied = self.output_processor.apply(step.sched, out, self.requests)
+        self.structured.accept(applied.produced)
         for children in applied.forked:
             self.scheduler.add_forked(children)
         spec_runs = {}
@@ -250,8 +256,10 @@ class LLMEngine(FreezesStartupHeap):
             self.scheduler.update_from_output([s for s, _ in live], [run for _, run in live])
             # the target's device time, read with the output (a GPU's launch returns before it runs)
             verify_s = out.device_s if out.device_s is not None else step.verify_s
+            plain = all(s.num_new_tokens == 1 and s.is_sampling and not s.draft_token_ids
+                        for s in step.sched.scheduled)
             spec_runs = self.spec.verified([s for s, _ in live], [run for _, run in live], self.kv,
-                                           step.propose_s, verify_s)
+                                           step.propose_s, verify_s, plain_decode=plain)
             self.scheduler.update_draft_token_ids(self.spec.take_drafts(out))
         occupancy = self.tracer.occupancy()  # the step's peak: before finished requests free blocks
         for request in applied.done:

@@ -4,8 +4,8 @@ Owns vLLM's prompt forms (a string, a list of token ids, a TextPrompt ``{"prompt
 TokensPrompt ``{"prompt_token_ids": [...]}``, and lists of these), tokenisation, and every check a
 request must pass before any work starts: a non-empty prompt, token ids inside the vocabulary, room
 under max_model_len, a KV reservation the pool can ever hold, and the SamplingParams checks that need
-the model (max_logprobs, allowed_token_ids, bad words' tokens). It raises ValueError naming what is
-wrong and what to do; it never queues a request and never touches the KV cache.
+the model (max_logprobs, allowed_token_ids, bad words' tokens, a structured-output grammar). It raises
+ValueError naming what is wrong and what to do; it never queues a request and never touches the KV cache.
 """
 
 from __future__ import annotations
@@ -75,10 +75,11 @@ class InputProcessor:
     """Tokenises and validates one request at a time against one engine's model and KV pool."""
 
     def __init__(self, tokenizer, vocab_size: int, max_model_len: int, max_logprobs: int,
-                 reservation_blocks, num_kv_blocks, paged: bool = True):
+                 reservation_blocks, num_kv_blocks, paged: bool = True, compile_grammar=None):
         """reservation_blocks: max_len -> the blocks a request of that length may need at most;
         num_kv_blocks: () -> the blocks the pool hands out; paged: the KV layout is paged (n > 1
-        completions share the prompt's blocks, which a contiguous reservation cannot)."""
+        completions share the prompt's blocks, which a contiguous reservation cannot); compile_grammar:
+        StructuredOutputsParams -> None, raising ValueError for a constraint that does not compile."""
         self.tokenizer, self.paged = tokenizer, paged
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -86,6 +87,7 @@ class InputProcessor:
         self.reservation_blocks = reservation_blocks
         self.num_kv_blocks = num_kv_blocks
         self._bad_word_ids: dict[str, list[list[int]]] = {}
+        self.compile_grammar = compile_grammar
 
     # -- prompts --------------------------------------------------------------------------------
     def parse(self, prompt) -> tuple[list[int], str | None]:
@@ -192,6 +194,10 @@ class InputProcessor:
         if params.n > 1 and not self.paged:
             raise ValueError(f"n={params.n} completions share the prompt's KV blocks, which a contiguous "
                              "reservation cannot: use kv_layout='paged', or n=1")
+        if params.structured_outputs is not None:
+            if self.compile_grammar is None:
+                raise ValueError("structured output is not available with this input processor")
+            self.compile_grammar(params.structured_outputs)  # a bad schema / regex / grammar: ValueError
         if not params.bad_words:
             return params
         if self.tokenizer is None:

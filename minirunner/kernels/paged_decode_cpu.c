@@ -8,7 +8,9 @@
  * seq_lens[s] tokens, never more than its table's columns hold; a row of length 0 (padding) gets
  * zeros. Query head hq reads kv head hq / (num_q_heads / num_kv_heads). The softmax runs online over
  * chunks of CHUNK keys (running max, rescaled sum and output), so no score buffer grows with the
- * sequence. */
+ * sequence. Before reading anything, every block id a sequence reads is checked against num_blocks (the
+ * cache's first dimension): a bad one is reported in bad[0..2] (sequence, column, id) and nothing is
+ * computed, so a bookkeeping bug raises in Python instead of reading outside the cache. */
 #include <math.h>
 #include <stdint.h>
 
@@ -16,6 +18,12 @@
 
 /* The kernel for any head_dim; inlined below with head_dim a constant for the common sizes, so the
  * compiler unrolls the head_dim loops and keeps the output row in registers. */
+/* The keys sequence s reads: its length, clamped to [0, the columns its table was given]. */
+static inline int64_t keys_read(const int32_t *seq_lens, int64_t s, int64_t block_size, int64_t table_width) {
+    const int64_t len = seq_lens[s];
+    return len < 0 ? 0 : (len > table_width * block_size ? table_width * block_size : len);
+}
+
 static inline __attribute__((always_inline)) void
 attend(const float *q, const float *kv, const int32_t *block_tables, const int32_t *seq_lens, float *out,
        int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
@@ -26,8 +34,7 @@ attend(const float *q, const float *kv, const int32_t *block_tables, const int32
     float scores[CHUNK];
     float acc[head_dim];
     for (int64_t s = 0; s < num_seqs; s++) {
-        const int64_t len = seq_lens[s] < 0 ? 0 : (seq_lens[s] > table_width * block_size ? table_width * block_size
-                                                                                         : seq_lens[s]);
+        const int64_t len = keys_read(seq_lens, s, block_size, table_width);
         const int32_t *table = block_tables + s * table_stride;
         for (int64_t hq = 0; hq < num_q_heads; hq++) {
             const int64_t h = hq / group;
@@ -68,9 +75,23 @@ attend(const float *q, const float *kv, const int32_t *block_tables, const int32
     }
 }
 
-void paged_decode_f32(const float *q, const float *kv, const int32_t *block_tables, const int32_t *seq_lens,
-                      float *out, int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                      int64_t block_size, int64_t table_stride, int64_t table_width, float scale) {
+/* 0, or 1 with bad = (sequence, column, block id) of the first block id outside [0, num_blocks). */
+int64_t paged_decode_f32(const float *q, const float *kv, const int32_t *block_tables, const int32_t *seq_lens,
+                         float *out, int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                         int64_t block_size, int64_t table_stride, int64_t table_width, float scale,
+                         int64_t num_blocks, int64_t *bad) {
+    for (int64_t s = 0; s < num_seqs; s++) {
+        const int64_t columns = (keys_read(seq_lens, s, block_size, table_width) + block_size - 1) / block_size;
+        const int32_t *table = block_tables + s * table_stride;
+        for (int64_t c = 0; c < columns; c++) {
+            if (table[c] < 0 || table[c] >= num_blocks) {
+                bad[0] = s;
+                bad[1] = c;
+                bad[2] = table[c];
+                return 1;
+            }
+        }
+    }
 #define ATTEND(D) attend(q, kv, block_tables, seq_lens, out, num_seqs, num_q_heads, num_kv_heads, D, block_size, \
                          table_stride, table_width, scale)
     if (head_dim == 64)
@@ -80,4 +101,5 @@ void paged_decode_f32(const float *q, const float *kv, const int32_t *block_tabl
     else
         ATTEND(head_dim);
 #undef ATTEND
+    return 0;
 }

@@ -72,7 +72,7 @@ def _rejection_kernel(
                 + tl.where(s == float("-inf"), 0.0, tl.exp(s - m_new))
             m = m_new
             bits = _hash32(key ^ _hash32((cols.to(tl.uint32) + 0x632BE5AB).to(tl.uint32)))
-            u = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+            u = tl.minimum(((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0), 0.99999994)
             val = tl.where(greedy, s, s + (-tl.log(-tl.log(u))))
             val = tl.where(valid, val, float("-inf"))
             better = val > best_v
@@ -109,7 +109,7 @@ def _rejection_kernel(
             r = tl.where(valid, tl.maximum(p - q, 0.0), 0.0)
             mass += r
             bits = _hash32(key ^ _hash32((cols.to(tl.uint32) + 0x632BE5AB).to(tl.uint32)))
-            u = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+            u = tl.minimum(((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0), 0.99999994)
             val = tl.where(r > 0, tl.log(r) + (-tl.log(-tl.log(u))), float("-inf"))
             better = val > rbest_v
             rbest_v = tl.where(better, val, rbest_v)

@@ -26,6 +26,9 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+U_MAX = 1.0 - 2.0**-24  # the largest fp32 below 1
+
+
 def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Uniform (0, 1) noise, fp32 [num_rows, vocab_size], a function of (seed, position, column) only.
 
@@ -35,8 +38,10 @@ def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int)
     key = hash32(seeds ^ hash32((seeds >> 32) ^ hash32(positions.long() + 0x9E3779B9)))
     cols = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
     bits = hash32(key[:, None] ^ hash32(cols[None, :] + 0x632BE5AB))
-    # 24 high bits, centred: never exactly 0 or 1, so log(-log(u)) is finite.
-    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    # 24 high bits, centred; the top one rounds to 1.0 in fp32, so it is clamped below 1: never exactly
+    # 0 or 1, so log(-log(u)) is finite (u = 1 made the Gumbel noise +inf: that token won whatever its
+    # logit, even -inf from a mask)
+    return (((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))).clamp(max=U_MAX)
 
 
 def apply_top_k_top_p(
@@ -136,7 +141,7 @@ def _sample_kernel(
         else:
             s = tl.math.div_rn(x, tl.zeros([BLOCK_V], tl.float32) + safe_t)
         bits = _hash32(key ^ _hash32((cols.to(tl.uint32) + 0x632BE5AB).to(tl.uint32)))
-        u = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        u = tl.minimum(((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0), 0.99999994)
         noisy = s + (-tl.log(-tl.log(u)))
         val = tl.where(greedy, x, noisy)
         val = tl.where(m, val, float("-inf"))

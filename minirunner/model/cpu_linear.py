@@ -37,10 +37,12 @@ def packs(dtype: torch.dtype) -> bool:
         x = torch.randn(3, 16, generator=gen)
         ok = torch.allclose(_onednn(x, pack(w), None), F.linear(x, w), rtol=1e-4, atol=1e-5)
     except (RuntimeError, AttributeError) as err:  # an op missing from this build of torch
-        logger.info("CPU linear layers use F.linear: oneDNN's packed linear is unavailable (%s)", err)
+        logger.warning("CPU linear layers use F.linear: oneDNN's packed linear is unavailable (%s)", err)
         return False
-    logger.info("CPU linear layers of %s: oneDNN packed weights for 2+ rows" if ok
-                else "CPU linear layers of %s use F.linear: oneDNN's packed linear disagreed", dtype)
+    if ok:
+        logger.info("CPU linear layers of %s: oneDNN packed weights for 2+ rows", dtype)
+    else:
+        logger.warning("CPU linear layers of %s use F.linear: oneDNN's packed linear disagreed", dtype)
     return ok
 
 

@@ -2,7 +2,8 @@
 
 Owns closed forms only: expected tokens per target pass, the walltime factor for a cost ratio c, the best
 k. Never runs a model. alpha = per-token acceptance probability, k = draft tokens per step, c = time of one
-draft step / time of one target step.
+draft step / time of one plain target step, v = time of one verify pass (the target over k + 1 tokens, the
+rejection sampler, the rollback, the engine's per-step work) / time of one plain target step.
 """
 
 from __future__ import annotations
@@ -25,17 +26,23 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def walltime_factor(alpha: float, k: int, c: float) -> float:
-    """Speedup over plain decoding: expected tokens per step / (k * c + 1), where one speculative
-    step costs k draft steps plus one target pass over k + 1 tokens (taken as one target step)."""
+def walltime_factor(alpha: float, k: int, c: float, v: float = 1.0) -> float:
+    """Speedup over plain decoding: expected tokens per step / (k * c + v), where one speculative
+    step costs k draft steps plus one verify pass of v plain steps (v = 1: a verify pass costs what a
+    plain step costs, Leviathan et al.'s assumption). k = 0 is plain decoding: 1."""
     if c < 0:
         raise ValueError(f"the cost ratio c must be >= 0, got {c}")
-    return expected_tokens_per_step(alpha, k) / (k * c + 1.0)
+    if not v > 0:
+        raise ValueError(f"the verify cost v (verify pass / plain step) must be > 0, got {v}")
+    if k == 0:
+        _check(alpha, k)
+        return 1.0
+    return expected_tokens_per_step(alpha, k) / (k * c + v)
 
 
-def best_k(alpha: float, c: float, k_max: int = 16) -> int:
+def best_k(alpha: float, c: float, k_max: int = 16, v: float = 1.0) -> int:
     """The k in [0, k_max] with the largest walltime factor (0: speculation does not pay)."""
-    factors = [walltime_factor(alpha, k, c) for k in range(k_max + 1)]
+    factors = [walltime_factor(alpha, k, c, v) for k in range(k_max + 1)]
     return int(np.argmax(factors))
 
 

@@ -17,7 +17,7 @@ from minirunner.spec_decode.draft_model import DraftModelProposer
 from minirunner.spec_decode.dynamic import AcceptanceDrivenK
 from minirunner.spec_decode.metrics import SpecStats
 from minirunner.spec_decode.ngram import NgramProposer
-from minirunner.worker.logits_processing import needs_logits_processing
+from minirunner.worker.logits_processing import needs_logits_processors
 from minirunner.worker.runner_output import RunnerOutput
 
 
@@ -71,14 +71,18 @@ class Speculator:
         return out.draft_token_ids
 
     def verified(self, sampling: list[ScheduledRequest], runs: list[list[int]], kv, propose_s: float,
-                 verify_s: float) -> dict[str, list[int]]:
+                 verify_s: float, plain_decode: bool = False) -> dict[str, list[int]]:
         """After a verify step was applied and the scheduler rolled back each request's rejected drafts
         (``Scheduler.update_from_output``): count what was accepted and give back the blocks past each
         request's computed tokens (``kv``; a step in flight counts its worst case there, so the blocks
-        it may write stay). Returns {request_id: [k, accepted]} for the trace."""
+        it may write stay). ``plain_decode``: the step decoded one token per request without drafts; its
+        time is the plain step the acceptance-driven k measures c and v against. Returns
+        {request_id: [k, accepted]} for the trace."""
         for s in sampling:
             if s.draft_token_ids:
                 kv.trim(s.request)
+        if plain_decode and self.dynamic is not None:
+            self.dynamic.observe_plain(verify_s)
         return self.record_runs([s.request for s in sampling], [len(s.draft_token_ids) for s in sampling],
                                 runs, propose_s, verify_s)
 
@@ -104,5 +108,6 @@ class Speculator:
 
 
 def needs_plain_sampling(request: Request) -> bool:
-    """Does the request need what only the plain sampler does (logits processors, sampled logprobs)?"""
-    return needs_logits_processing(request) or request.params.logprobs is not None
+    """Does the request need what only the plain sampler does (logits processors, sampled logprobs)? A
+    grammar does not: its bitmask applies to the verified rows too (structured_output/)."""
+    return needs_logits_processors(request) or request.params.logprobs is not None

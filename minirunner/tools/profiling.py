@@ -261,3 +261,34 @@ def replay_pass(count: OperatorCount, samples: list[list[float]] | None,
             r.func(*r.args, **r.kwargs)
             if samples is not None:
                 samples[i].append(clock() - t0)
+
+
+def record_verify_step(llm_or_engine, prompt_len: int = 16) -> OperatorCount:
+    """The aten operators of one speculative engine step of one request with no prefill: the target's
+    verify pass over the drafts, the rejection sampler, the rollback and the draft passes that propose
+    the next step's drafts. Compare with ``record_decode_step`` of a plain engine (notebook 06)."""
+    engine = engine_of(llm_or_engine)
+    if engine.has_unfinished_requests():
+        raise ValueError("the engine still has requests: profile an idle engine (finish or abort them)")
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    vocab = engine.model_config.vocab_size
+    engine.add_request([(j % (vocab - 1)) + 1 for j in range(prompt_len)], params, request_id=f"{PREFIX}v")
+    try:
+        for _ in range(prompt_len + 4):
+            engine.step()
+            last = engine.trace[-1]
+            if last.num_prefill_tokens == 0 and last.num_draft_tokens:
+                break
+        count = record_step_any(engine)
+        if not engine.trace[-1].num_draft_tokens or engine.trace[-1].num_prefill_tokens:
+            raise RuntimeError("the recorded step did not verify drafts of a decoding request")
+        return count
+    finally:
+        finish_decode(engine)
+
+
+def record_step_any(engine) -> OperatorCount:
+    """The operators of the engine's next step, whatever it runs."""
+    with _attributed(engine) as where, _Recorder(where, False) as rec:
+        engine.step()
+    return OperatorCount(tuple(rec.records))

@@ -98,8 +98,9 @@ def write_overhead_twin(model_dir: str | Path, out_dir: str | Path | None = None
     out = Path(tempfile.mkdtemp(prefix="minirunner-twin-") if out_dir is None else out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg))
-    torch.manual_seed(seed)
-    model = DecoderLM(ModelConfig.from_dict(cfg))
+    with torch.random.fork_rng(devices=[]):  # the caller's generator is left where it was
+        torch.manual_seed(seed)
+        model = DecoderLM(ModelConfig.from_dict(cfg))
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     if cfg.get("tie_word_embeddings"):
         state.pop("lm_head.weight", None)

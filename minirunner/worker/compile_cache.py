@@ -1,20 +1,25 @@
 """The on-disk cache of compiled steps (graph_mode="compile"): where torch keeps them across processes.
 
 Owns the folder (``MINIRUNNER_COMPILE_CACHE``, default ``~/.cache/minirunner/compile/torch-<version>``), its
-checks (a folder this process can write, else a ValueError saying what to do) and the torch settings that
-point inductor's FX graph cache and AOT autograd's cache at it. Entries are keyed by torch itself (the
-traced graph, its shapes, dtypes and strides, the compile options, the torch version), so a change of
-model architecture, bucket or torch version misses; weights are inputs of the compiled step, never
-baked into it. It never compiles anything and never deletes an entry.
+checks (a folder this process can write, else a ValueError saying what to do) and the scope that points
+torch's compile caches at it (``TORCHINDUCTOR_CACHE_DIR``) only while an engine works, restored after
+(minirunner/engine_scope.py): a caller's own ``torch.compile`` keeps its folder. Entries are keyed by
+torch itself (the traced graph, its shapes, dtypes and strides, the compile options, the torch
+version), so a change of model architecture, bucket or torch version misses; weights are inputs of
+the compiled step, never baked into it. It never compiles anything and never deletes an entry.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+from minirunner import envs
 
 ENV_VAR = "MINIRUNNER_COMPILE_CACHE"
 # No inductor freezing: it folds the weights into each compiled step as constants, and on a warm start
@@ -33,16 +38,16 @@ def default_cache_dir() -> Path:
 def cache_dir() -> Path:
     """The folder compiled steps are cached in: ``MINIRUNNER_COMPILE_CACHE`` when set, else the default.
     Checked, not created."""
-    value = os.environ.get(ENV_VAR)
-    if value is None or value == "":
+    value = envs.MINIRUNNER_COMPILE_CACHE
+    if value is None:
         return default_cache_dir()
     return Path(value).expanduser()
 
 
 def configure_compile_cache() -> Path:
-    """Create and check the cache folder and point torch's compile caches at it (before the first
-    compile of this process). Returns the folder. Raises ValueError naming ``MINIRUNNER_COMPILE_CACHE``
-    when the folder is a file or cannot be written."""
+    """Create and check the cache folder; returns it (resolved). Changes no process state: the engine
+    points torch at the folder only around its own work (``inductor_cache_dir``). Raises ValueError
+    naming ``MINIRUNNER_COMPILE_CACHE`` when the folder is a file or cannot be written."""
     path = cache_dir()
     if path.exists() and not path.is_dir():
         raise ValueError(f"{ENV_VAR}={str(path)!r} is a file, not a folder: set {ENV_VAR} to a folder "
@@ -57,10 +62,16 @@ def configure_compile_cache() -> Path:
         raise ValueError(f"{ENV_VAR}={str(path)!r} is not writable: set {ENV_VAR} to a folder you can "
                          "write, or unset it for the default")
     path = path.resolve()
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-    inductor_config.fx_graph_cache = True
-    functorch_config.enable_autograd_cache = True
     logger.info("compiled steps cached in %s", path)
     return path
+
+
+@contextmanager
+def inductor_cache_dir(path: Path) -> Iterator[None]:
+    """Point torch's on-disk compile caches (inductor's FX graph cache, AOT autograd's; torch keeps both
+    on by default) at ``path`` for the body, then put ``TORCHINDUCTOR_CACHE_DIR`` back as it was
+    (unset included). Torch reads the variable at each compile; it is process-wide while the body runs,
+    so a compile in another thread at that moment lands in ``path`` too (and inductor's compile worker
+    processes, if first started inside, keep the folder they started with)."""
+    with envs.temporarily("TORCHINDUCTOR_CACHE_DIR", str(path)):
+        yield

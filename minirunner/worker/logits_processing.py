@@ -121,9 +121,16 @@ class PenaltyState:
 
 
 def needs_logits_processing(request) -> bool:
-    """Whether the request's next token needs this module's host-side state: logit bias, min_tokens
-    suppression still pending, allowed_token_ids, bad words, repetition / presence / frequency
-    penalties or min_p."""
+    """Whether the request's next token needs host-side state: this module's (see
+    ``needs_logits_processors``) or a grammar's bitmask (structured output: the host's matcher must
+    see the last token first)."""
+    return needs_logits_processors(request) or request.params.structured_outputs is not None
+
+
+def needs_logits_processors(request) -> bool:
+    """Whether the plain sampler must apply this module's processors to the request's next token: logit
+    bias, min_tokens suppression still pending, allowed_token_ids, bad words, repetition / presence /
+    frequency penalties or min_p (the rejection sampler applies none of them)."""
     p = request.params
     return bool(p.logit_bias or p.has_penalties or p.min_p > 0 or p.allowed_token_ids is not None
                 or p.bad_words_token_ids or len(request.output_token_ids) < p.min_tokens)
@@ -131,10 +138,12 @@ def needs_logits_processing(request) -> bool:
 
 def needs_host_tokens(request) -> bool:
     """Whether the request's next token needs its last sampled token on the host first: bad words
-    (their values) or a pending min_tokens (their count). Penalty counts are kept on the device, and
-    bias, allowed ids and min_p read no tokens, so those may be scheduled with a step in flight."""
+    (their values), a pending min_tokens (their count) or a grammar (its matcher). Penalty counts are
+    kept on the device, and bias, allowed ids and min_p read no tokens, so those may be scheduled with
+    a step in flight."""
     p = request.params
-    return bool(p.bad_words_token_ids or len(request.output_token_ids) < p.min_tokens)
+    return bool(p.bad_words_token_ids or len(request.output_token_ids) < p.min_tokens
+                or p.structured_outputs is not None)
 
 
 def banned_bad_word_tokens(bad_words_token_ids: list[list[int]], output_token_ids) -> list[int]:

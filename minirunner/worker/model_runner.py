@@ -152,9 +152,9 @@ class ModelRunner:
         if len(sched.sampling_req_ids) != len(num) or [n - 1 for n in num.values()] != d:
             return "prefill"
         k = max(d)
-        if k and min(d) < k and (self.drafter.has_q or max(
+        if k and (min(d) < k or sched.grammar_bitmask) and (self.drafter.has_q or max(
                 sched.num_computed_tokens().values()) + k + 1 > self.max_blocks_per_seq * self.block_size):
-            return "ragged drafts"
+            return "ragged drafts"  # a draft model's q is verified in the replay only, whole and unmasked
         size = self.graphs.bucket(len(num)) if k == 0 else self.graphs.verify_bucket(len(num), k)
         return "no bucket" if size is None else (size, k + 1)
 

@@ -20,12 +20,14 @@ from minirunner.kernels._triton import use_triton
 from minirunner.kernels.sampling import sample, sample_ref
 from minirunner.logprobs import TokenLogprobs, score_tokens
 from minirunner.spec_decode.rejection_sampler import RejectionSampler
+from minirunner.structured_output.bitmask import apply_grammar_bitmasks
 from minirunner.worker.cudagraph import GraphKind
 from minirunner.worker.input_batch import InputBatch
 from minirunner.worker.logits_processing import (
     LogitsProcessors,
     apply_logits_processors,
     needs_logits_processing,
+    needs_logits_processors,
 )
 from minirunner.worker.states import CachedRequestState, RequestStateRows
 
@@ -41,9 +43,11 @@ class Sampler:
                positions: torch.Tensor) -> torch.Tensor:
         """One token per sampling request: int64 [num_sampling]. logits: fp32 [num_sampling, vocab];
         rows: their state rows; positions: int64 [num_sampling], each token's position (the seeded
-        noise is keyed by it). Logit bias, min_tokens, penalties and min_p apply first (only when some
-        request asks for them); an all-greedy batch is then one argmax, and the top-k/top-p sort runs
-        only when some request in the batch asks for it."""
+        noise is keyed by it). A structured-output request's grammar bitmask, then logit bias,
+        min_tokens, penalties and min_p apply first (only when some request asks for them); an
+        all-greedy batch is then one argmax, and the top-k/top-p sort runs only when some request in
+        the batch asks for it."""
+        logits = apply_grammar_bitmasks(logits, requests)
         logits = apply_logits_processors(logits, self.logits_processors.prepare(requests))
         state = self.state
         temps = state.temperature[rows]
@@ -70,6 +74,7 @@ class Sampler:
         None for one-hot (n-gram) drafts."""
         state, dev = self.state, logits.device
         temps = state.temperature[rows]
+        logits = apply_grammar_bitmasks(logits, [state.requests[r] for r in rows], num_drafts)
 
         def put(arr: np.ndarray) -> torch.Tensor:
             return to_device(arr, dev)
@@ -108,7 +113,10 @@ class Sampler:
         grammar's) joins. ``sampled``: tokens int64 [n] or runs int64 [n, w] on the device, changed in
         place (a run becomes the one token); ``first``: each request's first logits row."""
         rows, requests, positions = inputs.sample_rows, inputs.sample_states, inputs.sample_positions
-        index = [i for i, r in enumerate(requests) if needs_logits_processing(r)]
+        # a decode row with a grammar takes its bitmask here too; a verify row's is applied by the
+        # rejection pass over its own drafts (verify, verify_short_rows)
+        needs = needs_logits_processing if sampled.dim() == 1 else needs_logits_processors
+        index = [i for i, r in enumerate(requests) if needs(r)]
         if not index:
             return
         dev = logits.device
@@ -123,14 +131,15 @@ class Sampler:
 
     def verify_short_rows(self, runs: torch.Tensor, logits: torch.Tensor, k: int, inputs: InputBatch) -> None:
         """A uniform verify replay (k + 1 logits rows per request) whose requests with fewer than k
-        drafts were padded inside their row: their runs come from the rejection sampler over their own
-        drafts, after the forward (one-hot q: only n-gram drafts are ragged). ``runs`` int64 [n, k + 1]
+        drafts were padded inside their row, or whose grammar masks their rows: their runs come from the
+        rejection sampler over their own drafts, after the forward (one-hot q: only n-gram drafts are
+        ragged or replayed with a grammar). ``runs`` int64 [n, k + 1]
         on the device, changed in place; rows that need the logits processors are left to
         :meth:`resample_processed`."""
         rows, requests, positions = inputs.sample_rows, inputs.sample_states, inputs.sample_positions
         draft_token_ids, num_drafts = inputs.draft_token_ids, inputs.num_drafts
         short = [i for i, (d, r) in enumerate(zip(num_drafts, requests, strict=True))
-                 if d < k and not needs_logits_processing(r)]
+                 if (d < k or r.grammar_bitmask is not None) and not needs_logits_processors(r)]
         if not short:
             return
         ends = np.cumsum(num_drafts)

@@ -36,6 +36,7 @@ class CachedRequestState:
     prompt_logprobs_from: int | None = None
     max_len: int = 0
     num_known: int = 0  # tokens the worker knows (a prefill chunk may end before the last of them)
+    grammar_bitmask: np.ndarray | None = None  # this step's, from the scheduler (structured output)
 
     @property
     def prompt_token_ids(self) -> np.ndarray:
@@ -72,6 +73,7 @@ class RequestStateRows:
         self.seed = np.zeros(capacity, dtype=np.int64)
         self.requests: list[CachedRequestState | None] = [None] * capacity
         self.row_of: dict[str, int] = {}
+        self.masked: list[str] = []  # requests holding the last step's grammar bitmask
         self.num_prompt_logprobs = 0  # rows whose request asks for prompt logprobs
         self.free = list(range(capacity - 1, -1, -1))
         # row -> [first, end) of the block-table columns written since the last drain_writes (None: not
@@ -108,13 +110,19 @@ class RequestStateRows:
 
     def update(self, sched: SchedulerOutput) -> None:
         """Bring the rows up to date with a step's data: rows for its new requests, and the new block
-        ids of its running ones."""
+        ids of its running ones, and the step's grammar bitmasks."""
         for new in sched.scheduled_new_reqs:
             self.add(new)
         cached = sched.scheduled_cached_reqs
         for rid, ids, replace in zip(cached.req_ids, cached.new_block_ids, cached.replace_block_ids,
                                      strict=True):
             self.write_blocks(self.row_of[rid], ids, replace)
+        for rid in self.masked:  # a grammar bitmask holds for its step only
+            if rid in self.row_of:
+                self.requests[self.row_of[rid]].grammar_bitmask = None
+        self.masked = list(sched.grammar_bitmask)
+        for rid, mask in sched.grammar_bitmask.items():
+            self.requests[self.row_of[rid]].grammar_bitmask = mask
 
     def write_blocks(self, row: int, block_ids: list[int], replace: bool = False) -> None:
         """Append ``block_ids`` to the row's table, or (``replace``) make them the whole table."""

@@ -57,7 +57,9 @@ class SchedulerOutput:
     ``preempted_req_ids`` / ``finished_req_ids``: requests the worker forgets before the step (a
     preempted one keeps its logits-processor state; a finished or aborted one loses everything);
     ``block_copies``: (src, dst) KV blocks copied before the step writes (copy-on-write);
-    ``num_spec_tokens``: how many drafts the worker proposes after sampling, for the next step (k)."""
+    ``num_spec_tokens``: how many drafts the worker proposes after sampling, for the next step (k);
+    ``grammar_bitmask``: per structured-output request that samples, int32 [1 + drafts, ceil(vocab / 32)],
+    bit t of row i set when token t is allowed at its i-th sampled position (structured_output/)."""
 
     scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
     scheduled_cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
@@ -70,6 +72,7 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     num_spec_tokens: int = 0
+    grammar_bitmask: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def total_num_scheduled_tokens(self) -> int:

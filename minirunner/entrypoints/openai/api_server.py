@@ -7,7 +7,6 @@ Owns the routes, the API key check, the body limit, turning every bad request in
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 from contextlib import asynccontextmanager
@@ -122,10 +121,6 @@ def build_app(engine: AsyncLLM, model_name: str, api_key: str | None = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        # What start-up built (the model, the app) lives as long as the server: moved out of the
-        # collector's generations, so a full collection under load does not walk it (vLLM does the same)
-        gc.collect()
-        gc.freeze()
         yield
         engine.shutdown()  # every request still running is aborted; the loop stops
 

@@ -73,6 +73,13 @@ class SamplingFields(OpenAIModel):
     prompt_logprobs: int | None = Field(None, ge=0)
     use_beam_search: bool = False
     best_of: int | None = None
+    # structured output (entrypoints/openai/structured.py)
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     def sampling_params(self, defaults: SamplingParams, max_tokens: int | None,
                         logprobs: int | None) -> SamplingParams:
@@ -94,6 +101,9 @@ class SamplingFields(OpenAIModel):
             except ValueError:
                 raise APIError("logit_bias keys must be token ids (integers as strings)",
                                param="logit_bias") from None
+        from minirunner.entrypoints.openai.structured import structured_outputs_from_request
+
+        structured = structured_outputs_from_request(self)
         try:
             return SamplingParams(
                 n=self.n, max_tokens=max_tokens, seed=self.seed, stop=self.stop,
@@ -101,7 +111,8 @@ class SamplingFields(OpenAIModel):
                 include_stop_str_in_output=self.include_stop_str_in_output, ignore_eos=self.ignore_eos,
                 logprobs=logprobs, prompt_logprobs=self.prompt_logprobs, logit_bias=bias,
                 skip_special_tokens=self.skip_special_tokens, allowed_token_ids=self.allowed_token_ids,
-                bad_words=self.bad_words, truncate_prompt_tokens=self.truncate_prompt_tokens, **fields)
+                bad_words=self.bad_words, truncate_prompt_tokens=self.truncate_prompt_tokens,
+                structured_outputs=structured, **fields)
         except (ValueError, TypeError) as e:
             raise APIError(str(e)) from None
 
@@ -154,14 +165,10 @@ class ChatCompletionRequest(SamplingFields):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
-    response_format: dict[str, Any] | None = None
     tools: list | None = None
     tool_choice: Literal["none"] | None = None
 
     def checked(self) -> ChatCompletionRequest:
-        if self.response_format not in (None, {"type": "text"}):
-            raise APIError("response_format other than {'type': 'text'} is not supported here "
-                           "(no structured output)", param="response_format")
         if self.tools:
             raise APIError("tools are not supported here (no tool calling)", param="tools")
         if self.top_logprobs is not None and not self.logprobs:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from minirunner.core.gc_heap import freeze_startup_heap
 from minirunner.llm import LLM
 from minirunner.tools.bench.run import BenchResult, run_minirunner, run_transformers
 from minirunner.tools.bench.workloads import WORKLOADS, Workload, make_workload
@@ -74,6 +75,7 @@ def run_bench(model: str | None = None, workload: str = "nano", num_requests: in
     if "one_device" in compare and tp == 1:
         raise ValueError("--compare one_device compares a sharded run with one device: give "
                          "--tensor-parallel-size 2 (or more) too")
+    freeze_startup_heap()  # a whole-process job, like the CLI: engines built below stay collectable
     llm = LLM(model, **llm_kwargs)
     cfg, mc = llm.engine.config, llm.engine.model_config
     wl = make_workload(workload, num_requests, mc.vocab_size, cfg.max_model_len, seed, input_len,

@@ -98,7 +98,7 @@ def run_minirunner(llm: LLM, workload: Workload, label: str = "minirunner",
                       num_kv_blocks=llm.engine.num_kv_blocks, max_num_seqs=cfg.max_num_seqs,
                       max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=cfg.max_model_len,
                       backend=llm.engine.backend.name, dtype=str(cfg.dtype), device=str(cfg.device),
-                      prefix_caching=cfg.enable_prefix_caching, threads=torch.get_num_threads(),
+                      prefix_caching=cfg.enable_prefix_caching, threads=llm.engine.num_threads,
                       graph_mode=cfg.graph_mode, speculative_config=cfg.speculative_config),
         speculative=None if spec is None else spec.stats.as_dict(),
         timeline=dict(
