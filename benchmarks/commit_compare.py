@@ -1,7 +1,9 @@
 """Two commits side by side on this machine: minirunner's output tok/s on cpu_headlines.py's two workloads
-(batch 1; 64 ragged requests) and on speculative decoding at batch 1 (the embedded draft model, k = 3,
-two text prompts), and the eager / compiled decode step times of benchmarks/graphs.py, each
-commit in its own worktree and process, alternating, repeated; medians, ranges and pairwise ratios.
+(batch 1; 64 ragged requests), on speculative decoding at batch 1 (the embedded draft model, k = 3, two
+text prompts) and at batch 8 with one request asking for logprobs (draft model on text; n-gram on
+the repetitive passage), and the eager / compiled decode step
+times of benchmarks/graphs.py, each commit in its own worktree and process, alternating, repeated;
+medians, ranges and pairwise ratios.
 
     python benchmarks/commit_compare.py --old 7fb47e7 --new HEAD --pairs 5 \\
         --out benchmarks/results/mrv2_old_vs_new_cpu.json
@@ -32,9 +34,27 @@ many = run_bench(device="cpu", compare=[], workload="nano", num_requests=64, inp
                  output_len=(16, 160), **kw)
 spec = run_bench(device="cpu", compare=[], workload="text", num_requests=2, output_len=(96, 96),
                  speculative_config={"method": "draft_model", "num_speculative_tokens": 3}, **kw)
+# batches of 8 speculated requests (k = 3), one asking for logprobs=1: that request's options used to
+# switch speculation off for the whole batch. The draft model on text; n-gram on the repetitive passage.
+import time
+from minirunner import LLM, SamplingParams
+from minirunner.tools.bench.workloads import REPETITIVE_PROMPTS, TEXT_PROMPTS
+params = [SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, logprobs=1 if i == 0 else None)
+          for i in range(8)]
+rows = {}
+for name, spec_cfg, texts in (
+        ("spec_batch8_one_logprobs", {"method": "draft_model"}, TEXT_PROMPTS),
+        ("ngram_batch8_one_logprobs", {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+         REPETITIVE_PROMPTS)):
+    llm = LLM(speculative_config={**spec_cfg, "num_speculative_tokens": 3}, device="cpu", **kw)
+    prompts = [texts[i % 4] for i in range(8)]
+    llm.generate(prompts, params, use_tqdm=False)  # warm-up
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    rows[name] = sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t0)
 print(json.dumps(dict(batch1=one["results"][0]["output_tok_per_s"],
                       ragged64=many["results"][0]["output_tok_per_s"],
-                      spec_batch1=spec["results"][0]["output_tok_per_s"])))
+                      spec_batch1=spec["results"][0]["output_tok_per_s"], **rows)))
 """
 
 

@@ -93,6 +93,9 @@ def test_async_outputs_equal_the_synchronous_engine(pair, graph_mode):  # noqa: 
     assert sum(t["scheduled_ahead"] for t in trace) > len(trace) // 3, "few steps were launched ahead"
     if graph_mode == "compile":
         assert any(t["graph"] == "compile" and t["scheduled_ahead"] for t in trace)
+    # penalties count on the device: a step with the penalised request in it still runs ahead
+    penalised = outputs[5].request_id
+    assert any(t["scheduled_ahead"] and penalised in t["request_ids"] for t in trace)
     engine = ahead.engine
     assert engine.pending is None and engine.block_pool.num_used_blocks == 0
     # every cached block holds a full block of some completion's tokens (never a token still in flight)

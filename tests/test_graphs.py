@@ -171,7 +171,7 @@ def test_padded_step_writes_no_kv_outside_the_batch_slots_and_no_stale_tail(comp
         engine.abort_request(rid)
 
 
-def test_logprobs_inside_and_penalties_outside_the_graph(eager, compiled):
+def test_logprobs_and_penalties_after_the_replay(eager, compiled):
     prompts = _prompts(3, seed=21)
     # Logprobs are scored from the replay's raw logits: the step still replays, the scores match eager's.
     lp = SamplingParams(temperature=0.0, max_tokens=6, logprobs=2, ignore_eos=True)
@@ -184,11 +184,10 @@ def test_logprobs_inside_and_penalties_outside_the_graph(eager, compiled):
         for lw, lg in zip(w.outputs[0].logprobs, g.outputs[0].logprobs, strict=True):
             assert set(lw) == set(lg)
             assert all(abs(lw[t].logprob - lg[t].logprob) < 1e-4 for t in lw)
-    # Penalties need each request's token counts, which live on the host: no bucket takes those steps
-    # (the compiled forward runs them, the logits processed on the host).
+    # Penalties are applied after the forward, on the rows that ask: their decode steps still replay.
     pen = SamplingParams(temperature=0.0, max_tokens=6, repetition_penalty=1.3, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in eager.generate(prompts, pen, use_tqdm=False)]
     compiled.clear_step_trace()
     got = [o.outputs[0].token_ids for o in compiled.generate(prompts, pen, use_tqdm=False)]
     assert got == want
-    assert {t["graph"] for t in compiled.get_step_trace()} == {"piecewise"}
+    assert {t["graph"] for t in compiled.get_step_trace()} == {"piecewise", "compile"}

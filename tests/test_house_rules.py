@@ -78,7 +78,7 @@ def test_a_step_reaches_the_device_only_through_execute():
     bad = []
     for p in _modules():
         text = p.read_text()
-        for call in ("run_model", "graphs.run", "forward_logits", "prepare_next_decode"):
+        for call in ("run_model", "graphs.run", "forward_logits"):
             if f".{call}(" in text and call not in allowed.get(p, ()):
                 bad.append(f"{p.relative_to(ROOT)}: .{call}(")
     assert not bad, f"launch steps with ModelRunner.execute: {bad}"
@@ -134,3 +134,26 @@ def test_the_prepared_gpu_run_fits_in_six_minutes():
     probe = [int(m) for m in re.findall(r'^timeout (\d+) "\$PY" - "\$REPORT_DIR/env.json"', text, re.M)]
     assert len(limits) == 7 and len(probe) == 1
     assert sum(limits) + probe[0] <= 360, (limits, probe)
+
+
+def test_the_engine_calls_nothing_on_the_runner_but_execute():
+    # Issue 53, "only data crosses": finished and preempted ids and block copies travel in the
+    # SchedulerOutput; the engine launches a step with execute and reads its output, nothing else.
+    bad = []
+    for p in sorted((PACKAGE / "engine").rglob("*.py")):
+        if p.name == "build.py":  # builds the runner (graphs, proposer) before any step
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = node.func.value
+                name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+                if name == "runner" and node.func.attr != "execute":
+                    bad.append(f"{p.relative_to(ROOT)}:{node.lineno}: runner.{node.func.attr}(")
+    assert not bad, f"send it in the SchedulerOutput instead: {bad}"
+
+
+def test_no_thread_local_step_state():
+    # Issue 53, "no hidden per-step state": a step's metadata is passed down or scoped visibly around
+    # one forward (worker/compiled_forward.forward_context), never kept in a thread-local.
+    bad = [str(p.relative_to(ROOT)) for p in _modules() if "threading.local" in p.read_text()]
+    assert not bad, bad

@@ -127,4 +127,4 @@ def test_synchronous_graph_steps_propose_on_the_device_with_the_host_proposers_d
     assert [[o.metrics.spec_decode[c] for c in counts] for o in got] \
         == [[o.metrics.spec_decode[c] for c in counts] for o in want]
     assert graphs.engine.spec.proposer.device_passes.num_launches > 0, "no step proposed on the device"
-    assert graphs.engine.runner.num_steps_ahead == 0  # nothing runs ahead without async scheduling
+    assert not any(t["scheduled_ahead"] for t in graphs.get_step_trace())  # nothing runs ahead in sync

@@ -8,7 +8,8 @@ stage to the N - 1 workers (``WorkerGroup.post``): ``forward`` with the step's h
 (:class:`StepBatch`), then ``logits`` with the rows whose logits the driver computes (the sampled rows,
 a prompt-logprobs request's rows), so every rank runs the same collectives in the same order; the step
 ends by collecting one small reply per command (``WorkerGroup.run_posted``), which is where a worker's
-error surfaces. ``copy_blocks`` runs on every rank; per-request state lives on the driver only.
+error surfaces. The step's block copies (``copy_blocks``) run on every rank first; per-request state
+lives on the driver only.
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ class TPModelRunner(ModelRunner):
         return super().logits_at(hidden, rows)
 
     def copy_blocks(self, src: list[int], dst: list[int]) -> None:
+        """Inside ``execute`` (the step's block copies): every rank copies its own shard's blocks."""
         if src:
-            copy = super().copy_blocks
-            self.group.run_with(lambda: copy(src, dst), "copy_blocks", src, dst)
+            self.group.post("copy_blocks", src, dst)
+            super().copy_blocks(src, dst)
 
     def close(self) -> None:
         """Stop the workers (also at exit, and when the group is garbage-collected)."""

@@ -147,9 +147,8 @@ class LLMEngine:
             self.requests.pop(rid, None)
 
     def free_request(self, request: Request) -> None:
-        """Free a finished or aborted request's blocks and its runner state."""
+        """Free a finished or aborted request's blocks (the worker forgets it with the next step)."""
         self.scheduler.finish(request)
-        self.runner.finish_request(request.request_id)  # and its drafter's state
         self.structured.free(request.request_id)
 
     def has_unfinished_requests(self) -> bool:
@@ -191,7 +190,7 @@ class LLMEngine:
         if prev is not None:
             running = self.scheduler.running
             if prev.output.drafts is not None:
-                k = self.spec.step_k(running, self.scheduler.may_join())
+                k = self.spec.step_k(running)
                 if not may_verify_ahead(prev, self.scheduler, self.kv, k, self.config.max_model_len):
                     return None
                 for request in running:
@@ -207,13 +206,11 @@ class LLMEngine:
         self.kv.begin_step()
         k = propose_s = 0
         if self.spec is not None:  # the drafts scheduled now were proposed after the last step sampled
-            k = self.spec.plan(self.scheduler.running, self.scheduler.may_join())
+            k = self.spec.plan(self.scheduler.running)
             propose_s = self.spec.propose_s
         sched = self.scheduler.schedule(k)
         sched.output.grammar_bitmask = self.structured.bitmasks(sched.scheduled)
         self.metrics.record_schedule(len(sched.preempted))
-        for request_id in sched.preempted:
-            self.runner.free_request(request_id)
         if not sched.scheduled:
             self.tracer.record(sched, finished=[], occupancy=self.tracer.occupancy(), num_output_tokens=0,
                                duration=time.perf_counter() - t0, graph=StepGraphInfo())
@@ -221,8 +218,6 @@ class LLMEngine:
             return None
         t1 = time.perf_counter()
         try:
-            copies = self.kv.take_copies()  # copy-on-write of shared blocks, before any write
-            self.runner.copy_blocks([c[0] for c in copies], [c[1] for c in copies])
             with sync_check(self.check_no_sync and prev is not None, self.runner.device):
                 output = self.runner.execute(sched.output,
                                              prev.output.prev_sampled() if prev is not None else None)

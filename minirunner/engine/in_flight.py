@@ -6,9 +6,9 @@ A request may be scheduled again while its previous step is in flight when the n
 of that step the device does not hold: the one token it sampled (worker/async_output.py), or, after a
 verify step, the drafts the worker proposed from its runs on the device (``may_verify_ahead``: a draft
 model's steady batch). Not when the step verified drafts the worker did not propose on the device or
-drafts for the next one from the tokens it reads, not when completion 0 of an n > 1 group is about to
-fork, and not when the host-side logits processors (penalties, min_tokens, logit bias, bad words,
-min_p) must see the token first.
+drafts for the next one from the tokens it reads, and not when completion 0 of an n > 1 group is about
+to fork. A request whose logits processors must see the token first (bad words, a pending min_tokens)
+sits the next step out (the scheduler's rule); the others go ahead.
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ def may_continue(step: InFlightStep, drafting: bool) -> bool:
     the speculator would propose drafts now — which it can only for requests whose tokens it has read."""
     for s in step.sched.scheduled:
         r = s.request
-        if s.is_sampling and not r.is_finished and (
-                drafting or s.draft_token_ids or r.fork_children or needs_logits_processing(r)):
+        if s.is_sampling and not r.is_finished and (drafting or s.draft_token_ids or r.fork_children):
             return False
     return True
 

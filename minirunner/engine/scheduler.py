@@ -5,7 +5,8 @@ Owns which requests run each step and how many of their tokens, under a per-step
 unfinished prefill chunks); when the pool runs dry the newest running request (with the priority
 policy: the least urgent) is preempted (its blocks freed, its tokens recomputed later); waiting requests
 are admitted in the queue's order (FCFS, or by priority: engine/request_queue.py) while budget and
-blocks last.
+blocks last. A request whose token is still in flight sits a step out when its next one needs that token
+on the host (bad words, a pending min_tokens): the others run ahead.
 It never runs the model.
 
 Liveness: every step with work schedules tokens or preempts, else it raises. The only waiting requests
@@ -25,6 +26,7 @@ from minirunner.engine.request import Request, RequestStatus
 from minirunner.engine.request_queue import create_request_queue
 from minirunner.engine.step_data import WorkerRowsSent
 from minirunner.kv.manager import KVCacheManager
+from minirunner.worker.logits_processing import needs_host_tokens
 
 
 @dataclass
@@ -71,6 +73,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.metrics = None  # the engine's EngineMetrics: admissions are prefix-cache queries
         self.sent = WorkerRowsSent()  # what the worker's rows hold of each request
+        # ids the worker has not been told to forget yet (sent with the next step that runs)
+        self._finished: set[str] = set()
+        self._preempted: list[str] = []
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -123,8 +128,9 @@ class Scheduler:
             # tokens sampled by a step still in flight count as known: the device feeds them
             num_known = request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
             if request.num_output_placeholders and (
-                    request.num_tokens + request.num_output_placeholders >= request.max_len):
-                i += 1  # it ends when its token in flight is read
+                    request.num_tokens + request.num_output_placeholders >= request.max_len
+                    or needs_host_tokens(request)):
+                i += 1  # it ends, or its logits need the token in flight, when that token is read
                 continue
             num_new = min(num_known + len(request.spec_token_ids), budget)
             while not self.kv.allocate(request, num_new):
@@ -183,14 +189,14 @@ class Scheduler:
                 f"tokens) cannot be admitted with {len(self.running)} running, {len(self.waiting)} "
                 f"waiting and {self.kv.pool.num_free_blocks} of {self.kv.pool.num_blocks} KV blocks "
                 "free; this is a bug: please report it with the engine's configuration")
-        out.output = self.sent.build(out.scheduled, self.kv.table, out.preempted)
+        self._preempted += out.preempted
+        out.output = self.sent.build(out.scheduled, self.kv.table)
         out.output.num_spec_tokens = num_spec_tokens
+        if out.scheduled:  # what the worker applies first; an idle step keeps it for the next one
+            out.output.preempted_req_ids, self._preempted = self._preempted, []
+            out.output.finished_req_ids, self._finished = self._finished, set()
+            out.output.block_copies = self.kv.take_copies()
         return out
-
-    def may_join(self) -> list[Request]:
-        """The waiting requests the next schedule() could admit (in queue order, one per free seat)."""
-        seats = max(0, self.max_num_seqs - len(self.running))
-        return list(itertools.islice(self.waiting, seats))
 
     def _release_waiting_blocks(self, keep: Request | None = None) -> bool:
         """Drop the block references of the waiting request nearest the back of the queue that holds
@@ -220,6 +226,7 @@ class Scheduler:
             self.waiting.remove(request)
         self.kv.free(request)
         self.sent.forget(request.request_id)
+        self._finished.add(request.request_id)
 
 
 def add_cached_tokens(request: Request, num_cached_tokens: int) -> None:

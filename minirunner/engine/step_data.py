@@ -22,11 +22,10 @@ class WorkerRowsSent:
         """The worker drops the request's row (finished, aborted or preempted): send it anew next time."""
         self._sent.pop(request_id, None)
 
-    def build(self, scheduled, table_of: Callable[[str], BlockTable],
-              preempted: list[str] = ()) -> SchedulerOutput:
+    def build(self, scheduled, table_of: Callable[[str], BlockTable]) -> SchedulerOutput:
         """The step's data. ``scheduled``: ScheduledRequests (engine/scheduler.py), in batch order;
         ``table_of``: a request id's block table."""
-        out = SchedulerOutput(preempted_req_ids=list(preempted))
+        out = SchedulerOutput()
         cached = out.scheduled_cached_reqs
         for s in scheduled:
             r, rid, n, start = s.request, s.request.request_id, s.num_new_tokens, s.start

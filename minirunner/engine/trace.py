@@ -49,6 +49,7 @@ class StepTrace:
     graph: str = "eager"  # or "compile" / "cuda" (a bucket replayed), "piecewise" (the compiled forward)
     bucket_size: int | None = None  # the padded batch of a graph step
     num_padded_rows: int = 0  # bucket_size - requests in the step
+    eager_reason: str = ""  # why no bucket took the step ("prefill", "no bucket", ...); "" for a replay
     # speculative decoding: {request_id: [drafts verified, drafts accepted]}; rolled-back KV slots of a
     # request = drafts - accepted
     spec_runs: dict[str, list[int]] = field(default_factory=dict)
@@ -107,6 +108,7 @@ class StepTracer:
             graph=graph.graph,
             bucket_size=graph.bucket_size,
             num_padded_rows=graph.num_padded_rows,
+            eager_reason=graph.reason,
             spec_runs=spec_runs,
             num_draft_tokens=sum(k for k, _ in spec_runs.values()),
             num_accepted_tokens=sum(a for _, a in spec_runs.values()),

@@ -212,11 +212,6 @@ class EngineMetrics:
         self._gauges["vllm:num_requests_waiting"] = float(len(scheduler.waiting))
         self._gauges["vllm:kv_cache_usage_perc"] = pool.num_used_blocks / pool.num_blocks
 
-    def set_model_name(self, model_name: str) -> None:
-        """The ``model_name`` label (a server's served model name)."""
-        with self._lock:
-            self.labels = {**self.labels, "model_name": model_name}
-
     # -- reading -------------------------------------------------------------------------------
     def snapshot(self) -> list[Metric]:
         """Every metric now, as fresh records (nothing shared with the live counts)."""

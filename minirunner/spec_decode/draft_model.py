@@ -101,7 +101,7 @@ class DraftModelProposer(Proposer):
         if seq is not None:
             self.kv.free(seq)
             self.sent.forget(request_id)
-            self.runner.free_request(request_id)
+            self.runner.state.release(request_id)
 
     def set_computed(self, request_id: str, num_computed_tokens: int) -> None:
         """The draft cache holds K/V for the first ``num_computed_tokens`` of the request's shadow

@@ -1,8 +1,8 @@
 """Speculator: the engine's side of speculative decoding — how many drafts, and the bookkeeping after.
 
-Owns choosing k for each step (fixed, by batch-size table, or acceptance-driven; 0 while a request that
-runs or may join the step needs the host-side logits processors or logprobs), the gate that drops the
-drafts of a step such a request runs in, and the metrics (per request, engine-wide, per step). The
+Owns choosing k for each step (fixed, by batch-size table, or acceptance-driven), the gate that drops the
+drafts of a request that needs the logits processors or logprobs (it is verified with k = 0 in the same
+step as the others), and the metrics (per request, engine-wide, per step). The
 drafts themselves are proposed by the worker after sampling (worker/drafter.py, with ``proposer``) and
 reach the scheduler as data (``Scheduler.update_draft_token_ids``). Never runs a model, never appends
 tokens and never touches the target's KV cache (the scheduler rolls back num_computed_tokens).
@@ -43,28 +43,22 @@ class Speculator:
             return self.dynamic.choose(self.stats)
         return self.config.k_for_batch_size(batch_size)
 
-    def step_k(self, running: list[Request], joining: list[Request] = ()) -> int:
-        """The k a step of ``running`` (and ``joining``) proposes: 0 while any of them needs plain
-        sampling (see :meth:`plan`), else :meth:`choose_k`'s (pure)."""
-        if any(needs_plain_sampling(r) for r in running) or any(needs_plain_sampling(r) for r in joining):
-            return 0
+    def step_k(self, running: list[Request]) -> int:
+        """The k a step of ``running`` proposes (pure: :meth:`choose_k`'s)."""
         return self.choose_k(len(running))
 
-    def plan(self, running: list[Request], joining: list[Request] = ()) -> int:
+    def plan(self, running: list[Request]) -> int:
         """Before a step is scheduled: the k its worker proposes after sampling (for the next step).
-        ``joining``: the waiting requests the step may admit (they sample in its verify pass).
 
-        The rejection sampler knows temperature, top-k and top-p only: while any request of the step
-        needs the host-side logits processors (bias, pending min_tokens, penalties, min_p) or sampled
-        logprobs, the step runs without drafts (the plain sampler applies them to every row) and none
-        are proposed; the drafts proposed before are dropped here, and cut to this step's k."""
-        k = self.step_k(running, joining)
-        if k == 0:
-            for r in running:
-                r.spec_token_ids = []
-            return 0
+        The rejection sampler knows temperature, top-k and top-p only: a request that needs the
+        logits processors (bias, pending min_tokens, penalties, min_p, bad words) or sampled logprobs
+        is verified with k = 0 (its drafts are dropped here; the sampler after the forward applies its
+        options to its row), while the others keep theirs, cut to this step's k."""
+        k = self.step_k(running)
         for r in running:  # proposed for the batch of the step before: at most this step's k
-            if len(r.spec_token_ids) > k:
+            if needs_plain_sampling(r):
+                r.spec_token_ids = []
+            elif len(r.spec_token_ids) > k:
                 r.spec_token_ids = r.spec_token_ids[:k]
         if k and self.dynamic is not None:
             self.dynamic.advance()

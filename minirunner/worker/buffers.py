@@ -21,6 +21,11 @@ from minirunner.attention import AttentionMetadata
 from minirunner.core.host_copy import pinned, to_device
 from minirunner.kv.block_table import slot_of
 
+# The one definition of a graph step's padding rows: token 0 at position 0, slot -1 (the null block),
+# seq_len 0, block-table row 0, greedy sampling (temperature 0, top-k 0, top-p 1, seed 0) at position 0.
+PAD = dict(input_ids=0, positions=0, slot_mapping=-1, seq_lens=0, block_tables=0, temperatures=0, top_k=0,
+           top_p=1, seeds=0, sample_positions=0)
+
 
 class StepBuffers:
     """input_ids, positions, slot_mapping: int64 [max tokens]; query_start_loc int32 [max seqs + 1];
@@ -121,14 +126,14 @@ class StepBuffers:
     def put_sampling_rows(self, sampling: dict[str, np.ndarray], bucket: int, own_host: bool = False) -> None:
         """A graph step's sampling parameters (temperatures, top_k, top_p, seeds: [n] each), padded to
         ``bucket`` rows with 0, 0, 1, 0 (greedy)."""
-        for name, fill in (("temperatures", 0), ("top_k", 0), ("top_p", 1), ("seeds", 0)):
+        for name in ("temperatures", "top_k", "top_p", "seeds"):
             values = sampling[name]
-            self.put(getattr(self, name), np.concatenate((values, np.full(bucket - len(values), fill,
+            self.put(getattr(self, name), np.concatenate((values, np.full(bucket - len(values), PAD[name],
                                                                           values.dtype))), own_host)
 
     def _full_width(self, tables: np.ndarray, bucket: int) -> np.ndarray:
         """Block-table rows at full width, padded with rows of zeros to ``bucket`` rows."""
-        full = np.zeros((bucket, self.max_blocks_per_seq), dtype=np.int32)
+        full = np.full((bucket, self.max_blocks_per_seq), PAD["block_tables"], dtype=np.int32)
         full[:tables.shape[0]] = tables
         return full
 
@@ -137,12 +142,12 @@ class StepBuffers:
         token 0 at position 0, slot -1 (the null block), seq_len 0, block-table row 0, greedy;
         query_start_loc[: end + 1] = 0, q, 2q, ..."""
         n, q = end - start, query_len
-        for buf, value in ((self.input_ids, 0), (self.positions, 0), (self.slot_mapping, -1)):
-            self.put_rows(buf, start * q, np.full(n * q, value))
-        for buf, value in ((self.seq_lens, 0), (self.temperatures, 0), (self.top_k, 0),
-                           (self.top_p, 1), (self.seeds, 0), (self.sample_positions, 0)):
-            self.put_rows(buf, start, np.full(n, value))
-        self.put_rows(self.block_tables, start, np.zeros((n, self.max_blocks_per_seq), np.int32))
+        for name in ("input_ids", "positions", "slot_mapping"):
+            self.put_rows(getattr(self, name), start * q, np.full(n * q, PAD[name]))
+        for name in ("seq_lens", "temperatures", "top_k", "top_p", "seeds", "sample_positions"):
+            self.put_rows(getattr(self, name), start, np.full(n, PAD[name]))
+        self.put_rows(self.block_tables, start, np.full((n, self.max_blocks_per_seq), PAD["block_tables"],
+                                                        np.int32))
         self.put(self.query_start_loc, np.arange(end + 1, dtype=np.int32) * q)
 
     # -- the GPU-native input path: the input-prep kernel writes the metadata on the device -----------
@@ -188,12 +193,6 @@ class StepBuffers:
         idx = to_device(pairs.T, self.device)
         self.input_ids.index_copy_(0, idx[0], tokens.index_select(0, idx[1]))
 
-    def copy_input_ids(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The first len(tokens) input ids from a device tensor; returns the view."""
-        view = self.input_ids[:tokens.shape[0]]
-        view.copy_(tokens)
-        return view
-
     def write_uniform(self, bucket: int, n: int, ids: torch.Tensor, positions: torch.Tensor,
                       sample_positions: torch.Tensor | None = None) -> None:
         """Rows [0, bucket) for a uniform graph step of q tokens per row, on the device: rows < n from
@@ -203,18 +202,18 @@ class StepBuffers:
         q = ids.shape[1]
         m, total = n * q, bucket * q
         slots = slot_of(self.block_tables[:n].long(), positions, self.block_size)
-        for buf, value, pad in ((self.input_ids, ids, 0), (self.positions, positions, 0),
-                                (self.slot_mapping, slots, -1)):
+        for buf, value, name in ((self.input_ids, ids, "input_ids"), (self.positions, positions, "positions"),
+                                 (self.slot_mapping, slots, "slot_mapping")):
             buf[:m].copy_(value.reshape(-1))
             if m < total:
-                buf[m:total].fill_(pad)
+                buf[m:total].fill_(PAD[name])
         self.seq_lens[:n].copy_(positions[:, -1] + 1)
         if n < bucket:
-            self.seq_lens[n:bucket].zero_()
+            self.seq_lens[n:bucket].fill_(PAD["seq_lens"])
         if sample_positions is not None:
             self.sample_positions[:n].copy_(sample_positions)
             if n < bucket:
-                self.sample_positions[n:bucket].zero_()
+                self.sample_positions[n:bucket].fill_(PAD["sample_positions"])
         qsl = self._uniform_qsl.get((bucket, q))
         if qsl is None:
             qsl = self._uniform_qsl[(bucket, q)] = torch.arange(bucket + 1, dtype=torch.int32,

@@ -5,8 +5,9 @@ One ``torch.compile`` of the model's forward with the token count dynamic, so pr
 share one graph, and each layer's attention left out of it as one opaque op (``minirunner::step_attention``,
 vLLM's piecewise compile): what attention needs from a step (sequence groups, masks, block rows) varies in
 ways a graph cannot hold, while the projections, norms, RoPE and MLP between two attentions fuse. The op
-runs the backend's own eager forward on the metadata of the step in flight, which the step sets here for
-its duration (one thread's step at a time, per thread). Steps of one token run the model eagerly: a graph
+runs the backend's own eager forward on the metadata of the step in flight, scoped visibly around the one
+forward (``forward_context``, vLLM's ``set_forward_context``): set on entry, cleared on exit, one
+forward at a time in a process. Steps of one token run the model eagerly: a graph
 specialised to one row would be a second compile for a step that a bucket usually takes.
 
 It owns no state of the step and writes nothing but the KV cache, through the backend.
@@ -14,9 +15,9 @@ It owns no state of the step and writes nothing but the KV cache, through the ba
 
 from __future__ import annotations
 
-import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,22 @@ import torch
 from minirunner.custom_ops import define
 from minirunner.worker.compile_cache import COMPILE_OPTIONS
 
-_step = threading.local()  # .backend, .meta: the step in flight on this thread (set by CompiledForward)
+_context: tuple | None = None  # (backend, meta) of the compiled forward in flight: ``forward_context`` only
+
+
+@contextmanager
+def forward_context(backend, meta) -> Iterator[None]:
+    """Scope a step's backend and attention metadata around one compiled forward, for its opaque
+    attention op; nothing outlives the forward. Raises if a compiled forward is already in flight."""
+    global _context
+    if _context is not None:
+        raise RuntimeError("a compiled forward is already running in this process: run one engine's "
+                           "steps at a time (graph_mode='compile')")
+    _context = (backend, meta)
+    try:
+        yield
+    finally:
+        _context = None
 
 
 def _step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor
@@ -32,7 +48,8 @@ def _step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
     """The backend's forward for this layer on the metadata of the step in flight: writes k and v into
     ``kv_cache`` and returns the attention output [num_tokens, num_q_heads, head_dim], contiguous (the
     layout the graph was traced with)."""
-    return _step.backend.forward(q, k, v, kv_cache, _step.meta).contiguous()
+    backend, meta = _context
+    return backend.forward(q, k, v, kv_cache, meta).contiguous()
 
 
 step_attention = define("step_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_cache) -> Tensor",
@@ -68,7 +85,6 @@ class CompiledForward:
         self.model = model
         self._compiled = torch.compile(own_code(_forward, "compiled_forward"), fullgraph=True,
                                        options=COMPILE_OPTIONS)
-        self.calls = 0  # steps run through the graph (the rest ran eagerly: one token)
 
     @staticmethod
     def takes(num_tokens: int) -> bool:
@@ -82,13 +98,8 @@ class CompiledForward:
         # one graph for every token count, from the first compile on (no static first graph)
         torch._dynamo.mark_dynamic(input_ids, 0)  # noqa: SLF001 (torch's public marker lives there)
         torch._dynamo.mark_dynamic(positions, 0)  # noqa: SLF001
-        _step.backend, _step.meta = backend, meta
-        try:
-            hidden = self._compiled(self.model, input_ids, positions, kv_caches)
-        finally:
-            _step.backend = _step.meta = None
-        self.calls += 1
-        return hidden
+        with forward_context(backend, meta):
+            return self._compiled(self.model, input_ids, positions, kv_caches)
 
 
 def own_code(fn: Callable, name: str) -> Callable:

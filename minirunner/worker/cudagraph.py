@@ -127,10 +127,11 @@ class CudaGraphManager:
         if mode == "compile":  # compiled decode attends through the C kernel where it builds
             backend.use_cpu_kernel(self.cache_dir / "kernels")
 
-    def eager_step_info(self, num_tokens: int) -> StepGraphInfo:
-        """How a step no bucket took ran: "piecewise" through the compiled forward, else "eager"."""
+    def eager_step_info(self, num_tokens: int, reason: str = "") -> StepGraphInfo:
+        """How a step no bucket took (``reason``) ran: "piecewise" through the compiled forward, else
+        "eager"."""
         piecewise = self.mode == "compile" and self.eager_forward.takes(num_tokens)
-        return StepGraphInfo("piecewise") if piecewise else StepGraphInfo()
+        return StepGraphInfo("piecewise" if piecewise else "eager", reason=reason)
 
     def bucket(self, batch_size: int, query_len: int = 1) -> int | None:
         """The bucket a uniform step of ``batch_size`` requests at ``query_len`` tokens each replays, or

@@ -52,6 +52,11 @@ class Drafter:
         self.passes = getattr(proposer, "device_passes", None)  # a draft model's passes on the device
         self.probs: dict[str, torch.Tensor] = {}  # request id -> q of its last drafts
 
+    @property
+    def has_q(self) -> bool:
+        """Whether drafts may come with the draft model's q (a draft model), not one-hot (n-gram)."""
+        return self.passes is not None
+
     def propose(self, sched: SchedulerOutput, result: AsyncOutput, verify: VerifyStep | None) -> None:
         """Propose ``sched.num_spec_tokens`` drafts after the step ``result`` sampled: on the device after
         a verify replay when the draft model can (``result.drafts``; nothing is read), else from the

@@ -20,10 +20,11 @@ import numpy as np
 import torch
 
 from minirunner.attention import AttentionMetadata
+from minirunner.core.host_copy import to_device
 from minirunner.core.sched.output import SchedulerOutput
 from minirunner.kv.block_table import cdiv, slot_of
 from minirunner.worker.async_output import PrevSampled
-from minirunner.worker.buffers import StepBuffers
+from minirunner.worker.buffers import PAD, StepBuffers
 from minirunner.worker.state_mirror import StateMirror
 from minirunner.worker.states import CachedRequestState, RequestStateRows
 
@@ -105,12 +106,22 @@ def prepare_input_batch(state: RequestStateRows, buffers: StepBuffers, sched: Sc
     logits_rows = np.repeat(qsl[1:][samples] - width, width) \
         + np.arange(int(width.sum())) - np.repeat(np.cumsum(width) - width, width)
     sample_positions = (seq_lens[samples] - d).astype(np.int64)  # of the first token sampled
+    pad_tokens = None
+    if bucket is not None and (qlens < query_len).any():  # a verify step's rows with fewer drafts
+        ids, qlens, qsl, pad_tokens, dest = _pad_short_rows(ids, qlens, query_len)
+        in_flight = [(int(dest[t]), j) for t, j in in_flight]
+        T, seq_lens = len(ids), (starts + qlens).astype(np.int32)
+        max_seq_len = int(seq_lens.max())
     if mirror is not None:
         meta, ids, sample_positions = _prepare_on_device(mirror, state, b, rows, qlens, starts, ids, qsl,
                                                          seq_lens, sample_positions, bucket, query_len)
+        if pad_tokens is not None:
+            b.slot_mapping.index_fill_(0, to_device(pad_tokens, b.device), PAD["slot_mapping"])
     else:
         positions = np.repeat(starts - qsl[:-1], qlens) + np.arange(T)
         slots = _slots(state, b.block_size, np.repeat(rows, qlens), positions)
+        if pad_tokens is not None:
+            slots[pad_tokens] = PAD["slot_mapping"]
         tables_cpu = None
         if bucket is None:
             tables_cpu = b.put_tables(state.block_tables[rows, :cdiv(max_seq_len, b.block_size)])
@@ -134,32 +145,22 @@ def prepare_input_batch(state: RequestStateRows, buffers: StepBuffers, sched: Sc
     )
 
 
-def prepare_next_decode(state: RequestStateRows, buffers: StepBuffers, prev: InputBatch,
-                        tokens: torch.Tensor) -> InputBatch:
-    """``prepare_input_batch`` for the pass right after the eager pass ``prev`` in which every request
-    sampled, when each now feeds the one token it just sampled (``tokens``: int64 [num_requests] on the
-    device, e.g. the draft's argmax) and samples again: the draft proposer's passes 1..k-1. As vLLM's
-    EAGLE proposer does, positions and seq_lens move on by one and the slots come from the block tables
-    (the state rows hold the new block ids already); the tokens go device to device, never through the
-    host, and the per-request bookkeeping of ``prepare_input_batch`` is skipped."""
-    rows, n = prev.sample_rows, len(prev.sample_rows)
-    positions = prev.meta.seq_lens_cpu.numpy().astype(np.int64)  # each new token's position
-    seq_lens = (positions + 1).astype(np.int32)
-    slots = _slots(state, buffers.block_size, rows, positions)
-    qsl = np.arange(n + 1, dtype=np.int32)
-    max_seq_len = int(seq_lens.max())
-    b = buffers
-    tables_cpu = b.put_tables(state.block_tables[rows, :cdiv(max_seq_len, b.block_size)])
-    input_ids = b.copy_input_ids(tokens)
-    meta = b.put_meta(positions, slots, qsl, seq_lens, n, 1, max_seq_len, tables_cpu)
-    return InputBatch(
-        input_ids=input_ids, meta=meta,
-        logits_indices=b.put(b.logits_indices, np.arange(n, dtype=np.int64)),
-        sample_rows=rows,
-        sample_positions=b.put(b.sample_positions, seq_lens.astype(np.int64)),
-        sample_states=prev.sample_states,
-        draft_token_ids=np.zeros(0, dtype=np.int64),
-        num_drafts=np.zeros(n, dtype=np.int64))
+def _pad_short_rows(ids: np.ndarray, qlens: np.ndarray, query_len: int):
+    """A graph verify step's rows with fewer than k drafts (``qlens`` < ``query_len``), padded inside
+    the row to ``query_len`` tokens: token 0 at the next positions, slot -1 (the null block: nothing of
+    the request is written), its sequence counted to the row's end so every query token keeps its
+    position (attention is causal: the real tokens never see the padding). The sampler after the
+    forward reads only the real rows' logits. Returns (ids, query lengths, query_start_loc, the padding
+    token rows, where each old token row went)."""
+    S, q = len(qlens), query_len
+    dest = np.repeat(np.arange(S) * q, qlens) + np.arange(len(ids)) \
+        - np.repeat(np.cumsum(qlens) - qlens, qlens)
+    new_ids = np.full(S * q, PAD["input_ids"], dtype=ids.dtype)
+    new_ids[dest] = ids
+    real = np.zeros(S * q, dtype=bool)
+    real[dest] = True
+    return (new_ids, np.full(S, q, dtype=qlens.dtype), np.arange(S + 1, dtype=np.int32) * q,
+            np.flatnonzero(~real), dest)
 
 
 def _pad_uniform(state: RequestStateRows, buffers: StepBuffers, ids, positions, slots, seq_lens,
@@ -174,8 +175,9 @@ def _pad_uniform(state: RequestStateRows, buffers: StepBuffers, ids, positions, 
     tables, sampling = graph_rows(state, rows)
     buffers.put_graph_rows(tables, sampling, bucket)
     q = query_len
-    return (padded(ids, 0, q), padded(positions, 0, q), padded(slots, -1, q), padded(seq_lens, 0),
-            np.arange(bucket + 1, dtype=np.int32) * q, padded(sample_positions, 0))
+    return (padded(ids, PAD["input_ids"], q), padded(positions, PAD["positions"], q),
+            padded(slots, PAD["slot_mapping"], q), padded(seq_lens, PAD["seq_lens"]),
+            np.arange(bucket + 1, dtype=np.int32) * q, padded(sample_positions, PAD["sample_positions"]))
 
 
 
@@ -195,9 +197,10 @@ def _prepare_on_device(mirror: StateMirror, state: RequestStateRows, buffers: St
         tables_cpu = torch.from_numpy(state.block_tables[rows, :cdiv(max_seq_len, buffers.block_size)])
     else:  # every request samples: the padding rows follow the batch's
         pad, pad_query_len = bucket - len(rows), query_len
-        ids = np.concatenate((ids, np.zeros(pad * query_len, dtype=ids.dtype)))
-        seq_lens = np.concatenate((seq_lens, np.zeros(pad, dtype=seq_lens.dtype)))
-        sample_positions = np.concatenate((sample_positions, np.zeros(pad, dtype=sample_positions.dtype)))
+        ids = np.concatenate((ids, np.full(pad * query_len, PAD["input_ids"], dtype=ids.dtype)))
+        seq_lens = np.concatenate((seq_lens, np.full(pad, PAD["seq_lens"], dtype=seq_lens.dtype)))
+        sample_positions = np.concatenate((sample_positions, np.full(pad, PAD["sample_positions"],
+                                                                     dtype=sample_positions.dtype)))
         qsl, num_tokens = np.arange(bucket + 1, dtype=np.int32) * query_len, bucket * query_len
         tables, sampling = graph_rows(state, rows)
         buffers.put_graph_host_rows(tables, qsl, seq_lens, bucket)

@@ -6,8 +6,8 @@ prompt-token mask) and the batched ops that turn the model's fp32 logits into th
 draws from, in vLLM's order: allowed_token_ids and bad_words (masks), logit_bias and min_tokens,
 then repetition / frequency / presence penalties, then (in the sampler's temperature scale)
 min_p. ``apply_logits_processors`` is pure tensor work on
-dense ``[n, vocab]`` inputs — no host sync, no data-dependent shapes — so it can sit inside a captured
-step. It never samples and never touches the KV cache.
+dense ``[n, vocab]`` inputs — no host sync, no data-dependent shapes. The sampler applies it after the
+forward, to the rows that ask (worker/sampler.py). It never samples and never touches the KV cache.
 """
 
 from __future__ import annotations
@@ -134,6 +134,16 @@ def needs_logits_processors(request) -> bool:
     p = request.params
     return bool(p.logit_bias or p.has_penalties or p.min_p > 0 or p.allowed_token_ids is not None
                 or p.bad_words_token_ids or len(request.output_token_ids) < p.min_tokens)
+
+
+def needs_host_tokens(request) -> bool:
+    """Whether the request's next token needs its last sampled token on the host first: bad words
+    (their values), a pending min_tokens (their count) or a grammar (its matcher). Penalty counts are
+    kept on the device, and bias, allowed ids and min_p read no tokens, so those may be scheduled with
+    a step in flight."""
+    p = request.params
+    return bool(p.bad_words_token_ids or len(request.output_token_ids) < p.min_tokens
+                or p.structured_outputs is not None)
 
 
 def banned_bad_word_tokens(bad_words_token_ids: list[list[int]], output_token_ids) -> list[int]:

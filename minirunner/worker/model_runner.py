@@ -1,11 +1,11 @@
 """ModelRunner: turns one scheduled step (data, core/sched/output.py) into tensors, runs the model over
 the paged KV cache, samples.
 
-One step is ``update_states`` (the worker's own rows from the step's data) and four stages, each a method
-a notebook can call and inspect: ``prepare_inputs → run_model → compute_logits → sample``; ``execute``
-launches them (or one graph
-replay) and returns an AsyncOutput (worker/async_output.py), whose ``get_output`` reads the step's
-tokens to the host and gives its RunnerOutput (worker/runner_output.py) — nothing is kept on the runner.
+One step applies what its data says first (finished and preempted requests forgotten, block copies),
+then ``update_states`` (the worker's own rows) and four stages, each a method a notebook can call:
+``prepare_inputs → run_model → compute_logits → sample``; ``execute`` launches them (or one graph replay,
+the sampler's per-row work after it) and returns an AsyncOutput (worker/async_output.py), whose
+``get_output`` gives its RunnerOutput (worker/runner_output.py) — nothing is kept on the runner.
 
 Owns the KV cache tensors (one block more than the pool hands out: the null block, where padding rows,
 slot -1, may write), the persistent per-request state rows (worker/states.py), the step buffers
@@ -35,7 +35,7 @@ from minirunner.worker.cudagraph import CudaGraphManager, GraphKey, GraphKind
 from minirunner.worker.drafter import Drafter, VerifyStep
 from minirunner.worker.input_batch import InputBatch, graph_rows, prepare_input_batch
 from minirunner.worker.runner_output import RunnerOutput, StepGraphInfo
-from minirunner.worker.sampler import Sampler, graph_ready
+from minirunner.worker.sampler import Sampler
 from minirunner.worker.state_mirror import StateMirror
 from minirunner.worker.states import RequestStateRows
 
@@ -68,7 +68,6 @@ class ModelRunner:
         self.input_prep, self.state_mirror = "host", None
         self.set_input_prep(input_prep)
         self.drafter: Drafter | None = None
-        self.num_steps_ahead = 0  # verify steps launched from drafts proposed on the device (a count)
 
     def set_proposer(self, proposer: Proposer) -> None:
         """Propose drafts after sampling with ``proposer`` (n-gram, or a draft model's proposer)."""
@@ -111,20 +110,20 @@ class ModelRunner:
         for cache in self.kv_caches:
             cache[d] = cache[s]
 
-    def free_request(self, request_id: str) -> None:
-        """Forget a preempted request's state row (its logits-processor state survives the preemption)."""
-        self.state.release(request_id)
-
-    def finish_request(self, request_id: str) -> None:
-        """Forget a finished or aborted request: its state row and its logits-processor state."""
-        self.sampler.logits_processors.release(request_id)
-        if self.drafter is not None:
-            self.drafter.free(request_id)
-        self.state.release(request_id)
+    def _apply_before_step(self, sched: SchedulerOutput) -> None:
+        """Forget finished and preempted requests' rows (a preempted one keeps its logits-processor and
+        drafter state), then copy KV blocks (copy-on-write): what the step's data says comes first."""
+        for rid in sched.finished_req_ids:
+            self.sampler.logits_processors.release(rid)
+            if self.drafter is not None:
+                self.drafter.free(rid)
+        for rid in (*sched.finished_req_ids, *sched.preempted_req_ids):
+            self.state.release(rid)
+        if sched.block_copies:
+            self.copy_blocks([c[0] for c in sched.block_copies], [c[1] for c in sched.block_copies])
 
     def close(self) -> None:
-        """Release what lives outside this process: nothing on one device (a tensor-parallel runner
-        stops its workers)."""
+        """Release what lives outside this process (a tensor-parallel runner stops its workers)."""
 
     # -- the four stages ------------------------------------------------------------------------
     def update_states(self, sched: SchedulerOutput) -> None:
@@ -140,25 +139,24 @@ class ModelRunner:
         return prepare_input_batch(self.state, self.buffers, sched, bucket, query_len,
                                    self.state_mirror, prev)
 
-    def graph_bucket(self, sched: SchedulerOutput) -> tuple[int, int] | None:
-        """(bucket, query_len) of the step this batch replays, or None (eager). Decode (query_len 1):
-        every request samples one new token. Verify (query_len k + 1): every request scores its last
-        known token and exactly k drafts, k the same for all. Either way the batch must fit a bucket,
-        and its sampling need nothing the replay lacks (logit bias, min_tokens suppression, penalties,
-        min_p and prompt logprobs are applied on the host's per-request state: such steps run eager).
-        The state rows must hold the step's requests (:meth:`update_states`)."""
+    def graph_bucket(self, sched: SchedulerOutput) -> tuple[int, int] | str:
+        """(bucket, query_len) of the step this batch replays, or why it runs eager (for the trace).
+        Decode (query_len 1): every request samples one token. Verify (query_len k + 1): every request
+        scores its last known token and up to k drafts; one with fewer is padded inside its row (n-gram
+        drafts only). The batch must fit a bucket. Sampling options never decide
+        it: the sampler's per-row work runs after the forward (:meth:`Sampler.resample_processed`)."""
         num = sched.num_scheduled_tokens
-        if self.graphs is None or not num or len(sched.sampling_req_ids) != len(num):
-            return None
-        state = self.state
-        if not all(graph_ready(state.requests[state.row_of[rid]]) for rid in num):
-            return None
-        spec = sched.scheduled_spec_decode_tokens
-        k = len(spec.get(next(iter(num)), ()))
-        if not all(n == k + 1 and len(spec.get(rid, ())) == k for rid, n in num.items()):
-            return None
+        if self.graphs is None or not num:
+            return "no graphs"
+        d = [len(sched.scheduled_spec_decode_tokens.get(rid, ())) for rid in num]
+        if len(sched.sampling_req_ids) != len(num) or [n - 1 for n in num.values()] != d:
+            return "prefill"
+        k = max(d)
+        if k and (min(d) < k or sched.grammar_bitmask) and (self.drafter.has_q or max(
+                sched.num_computed_tokens().values()) + k + 1 > self.max_blocks_per_seq * self.block_size):
+            return "ragged drafts"  # a draft model's q is verified in the replay only, whole and unmasked
         size = self.graphs.bucket(len(num)) if k == 0 else self.graphs.verify_bucket(len(num), k)
-        return None if size is None else (size, k + 1)
+        return "no bucket" if size is None else (size, k + 1)
 
     def run_model(self, inputs: InputBatch) -> torch.Tensor:
         """The forward pass: every layer writes its K/V by slot and attends. Returns hidden states
@@ -200,35 +198,45 @@ class ModelRunner:
                 ) -> tuple[AsyncOutput, VerifyStep | None]:
         """Queue the step; returns its output and, for a verify replay, what the drafter proposes from."""
         timer = StepTimer(self.device)
+        self._apply_before_step(sched)
         self.update_states(sched)
         if prev is not None and prev.drafts is not None and sched.in_flight_req_ids:
             return self._launch_ahead(sched, prev.drafts, timer)
         graph = self.graph_bucket(sched)
-        bucket, query_len = graph if graph is not None else (None, 1)
+        bucket, query_len = graph if not isinstance(graph, str) else (None, 1)
         inputs = self.prepare_inputs(sched, bucket, query_len, prev)
         out = RunnerOutput(req_ids=[r.req_id for r in inputs.sample_states],
                            num_drafts=inputs.num_drafts.tolist())
         # the draft model's q of every draft token in order (None: no drafts, or one-hot drafts)
         draft_probs = self.drafter.draft_probs(sched) if self.drafter is not None else None
+        n, sampler = len(inputs.sample_rows), self.sampler
         if bucket is not None and query_len > 1:
             runs, out.logits, out.graph = self._replay_verify(bucket, query_len, inputs, draft_probs)
             runs = runs.clone()
-            return AsyncOutput(out, runs, timer=timer), VerifyStep(bucket, runs)
+            sampler.verify_short_rows(runs, out.logits, query_len - 1, inputs)
+            first = np.arange(n) * query_len
+            sampler.resample_processed(runs, out.logits, first, inputs)
+            return AsyncOutput(out, runs, self._logprobs(out.logits, inputs, first), timer), \
+                VerifyStep(bucket, runs)
         if bucket is not None:
-            tokens, out.logits, out.graph = self._replay(bucket, self.sampler.graph_kind(inputs.sample_rows),
-                                                         len(inputs.sample_rows), inputs.meta.max_seq_len)
-            return AsyncOutput(out, tokens.clone(), self._logprobs(out.logits, inputs), timer), None
+            tokens, out.logits, out.graph = self._replay(bucket, sampler.graph_kind(inputs.sample_rows), n,
+                                                         inputs.meta.max_seq_len)
+            tokens = tokens.clone()
+            sampler.resample_processed(tokens, out.logits, np.arange(n), inputs)
+            return AsyncOutput(out, tokens, self._logprobs(out.logits, inputs), timer), None
         hidden = self.run_model(inputs)
-        if self.graphs is not None:
-            out.graph = self.graphs.eager_step_info(len(inputs.input_ids))
-        out.prompt_logprobs = score_prompts(self.logits_at, hidden, self._prompt_spans(sched))
-        if not len(inputs.sample_rows):
+        out.graph = self.graphs.eager_step_info(len(inputs.input_ids), graph) if self.graphs is not None \
+            else StepGraphInfo(reason=graph)
+        out.prompt_logprobs = score_prompts(self.logits_at, hidden, self.state.prompt_spans(sched))
+        if not n:
             return AsyncOutput(out, timer=timer), None
         out.logits = self.compute_logits(hidden, inputs)
         if len(inputs.draft_token_ids):
-            runs = self.sampler.verify(out.logits, inputs.sample_rows, inputs.draft_token_ids,
-                                       inputs.num_drafts, inputs.sample_positions, draft_probs)
-            return AsyncOutput(out, runs, timer=timer), None
+            runs = sampler.verify(out.logits, inputs.sample_rows, inputs.draft_token_ids,
+                                  inputs.num_drafts, inputs.sample_positions, draft_probs)
+            first = np.cumsum(inputs.num_drafts + 1) - inputs.num_drafts - 1
+            sampler.resample_processed(runs, out.logits, first, inputs)
+            return AsyncOutput(out, runs, self._logprobs(out.logits, inputs, first), timer), None
         tokens = self.sample(out.logits, inputs)
         return AsyncOutput(out, tokens, self._logprobs(out.logits, inputs), timer), None
 
@@ -254,29 +262,20 @@ class ModelRunner:
         computed = sched.num_computed_tokens()
         runs, logits, info = self._replay(bucket, kind, n, max(computed[r] for r in rids) + k + 1, k + 1)
         runs = runs.clone()  # the next replay overwrites the graph's outputs
-        self.num_steps_ahead += 1
         out = RunnerOutput(req_ids=rids, num_drafts=[k] * n, logits=logits, graph=info)
         return AsyncOutput(out, runs, timer=timer), VerifyStep(bucket, runs, drafts.start, ids)
 
-    def _prompt_spans(self, sched: SchedulerOutput) -> list[tuple]:
-        """(request id, prompt ids, k, first position to score, start, query tokens) of each scheduled
-        request in batch order: what prompt logprobs read (minirunner/logprobs.py)."""
-        state = self.state
-        if not state.num_prompt_logprobs:  # the common case: no live request asks
-            return []
-        computed, spans = sched.num_computed_tokens(), []
-        for rid, n in sched.num_scheduled_tokens.items():
-            r = state.requests[state.row_of[rid]]
-            spans.append((rid, r.prompt_token_ids, r.params.prompt_logprobs, r.prompt_logprobs_from,
-                          computed[rid], n))
-        return spans
-
-    def _logprobs(self, logits: torch.Tensor, inputs: InputBatch):
-        """The sampled tokens' logprobs, computed when the step is read; None when no request asks."""
+    def _logprobs(self, logits: torch.Tensor, inputs: InputBatch, first: np.ndarray | None = None):
+        """The sampled tokens' logprobs, computed when the step is read; None when no request asks.
+        ``first``: each request's first logits row in a verify step (its run's first token is scored:
+        a request that asks for logprobs is given no drafts)."""
         requests = inputs.sample_states
         if all(r.params.logprobs is None for r in requests):
             return None
-        return lambda tokens: self.sampler.logprobs(logits, tokens, requests)
+        if first is None:
+            return lambda tokens: self.sampler.logprobs(logits, tokens, requests)
+        rows = to_device(first.astype(np.int64), logits.device)
+        return lambda runs: self.sampler.logprobs(logits[rows], runs[:, 0], requests)
 
     def _replay(self, bucket: int, kind: GraphKind, n: int, max_seq_len: int, query_len: int = 1):
         """Replay bucket ``bucket``'s step of ``kind`` for a batch of ``n`` requests whose longest

@@ -20,11 +20,13 @@ class StepGraphInfo:
     """How a step ran: ``graph`` "eager", "compile" or "cuda" (one replay of a bucket), or "piecewise"
     (graph_mode="compile", a step no bucket took: the compiled forward, attention eager between its
     pieces); ``bucket_size`` the padded batch of a bucket step (None otherwise); ``num_padded_rows`` =
-    bucket_size - requests."""
+    bucket_size - requests; ``reason``: why a step no bucket took ran so ("prefill", "no bucket",
+    "ragged drafts", "no graphs"), "" for a replay."""
 
     graph: str = "eager"
     bucket_size: int | None = None
     num_padded_rows: int = 0
+    reason: str = ""
 
 
 @dataclass(slots=True)

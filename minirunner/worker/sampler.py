@@ -3,7 +3,9 @@ once), the sampled tokens' logprobs, and the verify stage of a speculative step 
 spec_decode/rejection_sampler.py, whose one instance the graph verify step shares).
 
 Owns the per-request logits-processor state (worker/logits_processing.py), which kind of compiled sampler
-a graph step needs, and whether a request can be sampled inside a graph step at all. It reads the
+a graph step needs, and the per-row step after a replay: rows whose request needs the logits processors
+are sampled again from their processed logits, and a verify replay's rows with fewer drafts verified over
+their own (so one request's options cost its row only). It reads the
 sampling parameters from the persistent state rows (worker/states.py); it never runs the model and never
 writes a step buffer.
 """
@@ -20,10 +22,12 @@ from minirunner.logprobs import TokenLogprobs, score_tokens
 from minirunner.spec_decode.rejection_sampler import RejectionSampler
 from minirunner.structured_output.bitmask import apply_grammar_bitmasks
 from minirunner.worker.cudagraph import GraphKind
+from minirunner.worker.input_batch import InputBatch
 from minirunner.worker.logits_processing import (
     LogitsProcessors,
     apply_logits_processors,
     needs_logits_processing,
+    needs_logits_processors,
 )
 from minirunner.worker.states import CachedRequestState, RequestStateRows
 
@@ -99,7 +103,51 @@ class Sampler:
         return None if k is None else score_tokens(logits, tokens, k)
 
 
-def graph_ready(request: CachedRequestState) -> bool:
-    """Whether a request's next token can be sampled inside a graph step (temperature, top-k, top-p and
-    the seed are static buffers there; the logits processors' per-request state is not)."""
-    return not (needs_logits_processing(request) or request.params.prompt_logprobs is not None)
+    # -- the per-row step after a replay or a verify pass -----------------------------------------
+    def resample_processed(self, sampled: torch.Tensor, logits: torch.Tensor, first: np.ndarray,
+                           inputs: InputBatch) -> None:
+        """Rows whose request needs the logits processors (bias, pending min_tokens, penalties, min_p,
+        bad words, allowed ids) draw their token again, here, after the forward, from their processed
+        logits: the compiled or captured step sampled every row with temperature / top-k / top-p only,
+        and a verify step gave these requests no drafts. The one per-row point a further mask (e.g. a
+        grammar's) joins. ``sampled``: tokens int64 [n] or runs int64 [n, w] on the device, changed in
+        place (a run becomes the one token); ``first``: each request's first logits row."""
+        rows, requests, positions = inputs.sample_rows, inputs.sample_states, inputs.sample_positions
+        # a decode row with a grammar takes its bitmask here too; a verify row's is applied by the
+        # rejection pass over its own drafts (verify, verify_short_rows)
+        needs = needs_logits_processing if sampled.dim() == 1 else needs_logits_processors
+        index = [i for i, r in enumerate(requests) if needs(r)]
+        if not index:
+            return
+        dev = logits.device
+        idx = to_device(np.asarray(index, dtype=np.int64), dev)
+        tokens = self.sample(logits[to_device(first[index].astype(np.int64), dev)], rows[index],
+                             [requests[i] for i in index], positions[idx])
+        if sampled.dim() == 1:
+            sampled.index_copy_(0, idx, tokens)
+        else:
+            sampled.index_fill_(0, idx, -1)
+            sampled[:, 0].index_copy_(0, idx, tokens)
+
+    def verify_short_rows(self, runs: torch.Tensor, logits: torch.Tensor, k: int, inputs: InputBatch) -> None:
+        """A uniform verify replay (k + 1 logits rows per request) whose requests with fewer than k
+        drafts were padded inside their row, or whose grammar masks their rows: their runs come from the
+        rejection sampler over their own drafts, after the forward (one-hot q: only n-gram drafts are
+        ragged or replayed with a grammar). ``runs`` int64 [n, k + 1]
+        on the device, changed in place; rows that need the logits processors are left to
+        :meth:`resample_processed`."""
+        rows, requests, positions = inputs.sample_rows, inputs.sample_states, inputs.sample_positions
+        draft_token_ids, num_drafts = inputs.draft_token_ids, inputs.num_drafts
+        short = [i for i, (d, r) in enumerate(zip(num_drafts, requests, strict=True))
+                 if (d < k or r.grammar_bitmask is not None) and not needs_logits_processors(r)]
+        if not short:
+            return
+        ends = np.cumsum(num_drafts)
+        drafts = np.concatenate([draft_token_ids[ends[i] - num_drafts[i]:ends[i]] for i in short])
+        d = num_drafts[short]
+        logit_rows = np.concatenate([i * (k + 1) + np.arange(num_drafts[i] + 1) for i in short])
+        dev = logits.device
+        idx = to_device(np.asarray(short, dtype=np.int64), dev)
+        sub = self.verify(logits[to_device(logit_rows, dev)], rows[short], drafts, d, positions[idx], None)
+        runs.index_fill_(0, idx, -1)
+        runs[:, :sub.shape[1]].index_copy_(0, idx, sub)

@@ -154,6 +154,18 @@ class RequestStateRows:
         rows = np.repeat(rows, counts)
         return rows * self.block_tables.shape[1] + cols, self.block_tables[rows, cols]
 
+    def prompt_spans(self, sched: SchedulerOutput) -> list[tuple]:
+        """(request id, prompt ids, k, first position to score, start, query tokens) of each scheduled
+        request in batch order: what prompt logprobs read (minirunner/logprobs.py)."""
+        if not self.num_prompt_logprobs:  # the common case: no live request asks
+            return []
+        computed, spans = sched.num_computed_tokens(), []
+        for rid, n in sched.num_scheduled_tokens.items():
+            r = self.requests[self.row_of[rid]]
+            spans.append((rid, r.prompt_token_ids, r.params.prompt_logprobs, r.prompt_logprobs_from,
+                          computed[rid], n))
+        return spans
+
     def release(self, request_id: str) -> None:
         row = self.row_of.pop(request_id, None)
         if row is not None:

@@ -2,7 +2,8 @@
 ``core/sched/output.py``).
 
 Owns the types only: new requests (prompt ids, sampling params, seed, block ids), running requests (new
-block ids, computed counts) and the step's per-request counts, drafts and in-flight flags. It holds no
+block ids, computed counts), the step's per-request counts, drafts and in-flight flags, and what the
+worker applies before the step: finished and preempted ids, block copies. It holds no
 live ``Request`` or ``KVCacheManager``; the worker copies what it needs into its own rows.
 """
 
@@ -53,6 +54,9 @@ class SchedulerOutput:
     ``scheduled_spec_decode_tokens``: the drafts that follow them; ``in_flight_req_ids``: requests
     whose last query token is still on the device (sampled by the step in flight);
     ``sampling_req_ids``: requests whose query reaches their last token, so the step samples for them;
+    ``preempted_req_ids`` / ``finished_req_ids``: requests the worker forgets before the step (a
+    preempted one keeps its logits-processor state; a finished or aborted one loses everything);
+    ``block_copies``: (src, dst) KV blocks copied before the step writes (copy-on-write);
     ``num_spec_tokens``: how many drafts the worker proposes after sampling, for the next step (k);
     ``grammar_bitmask``: per structured-output request that samples, int32 [1 + drafts, ceil(vocab / 32)],
     bit t of row i set when token t is allowed at its i-th sampled position (structured_output/)."""
@@ -65,6 +69,8 @@ class SchedulerOutput:
     in_flight_req_ids: set[str] = field(default_factory=set)
     sampling_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: list[str] = field(default_factory=list)
+    finished_req_ids: set[str] = field(default_factory=set)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
     num_spec_tokens: int = 0
     grammar_bitmask: dict[str, np.ndarray] = field(default_factory=dict)
 
