@@ -10,7 +10,7 @@ second of tokenizing). Chat templates render here too, under a time limit.
 from __future__ import annotations
 
 import asyncio
-import threading
+import queue
 from concurrent.futures import ThreadPoolExecutor
 
 from minirunner.engine.input_processor import InputProcessor, validate_batch
@@ -27,25 +27,31 @@ class PromptTooLongError(ValueError):
 
 
 class TokenizerPool:
-    """``workers`` threads, each with its own tokenizer copy made from ``processor`` on first use."""
+    """``workers`` threads; each task borrows a tokenizer copy (made from ``processor`` when none is free,
+    so there are never more copies than threads) and gives it back when done."""
 
     def __init__(self, processor: InputProcessor, workers: int = 2):
         self.processor = processor
         self.max_model_len = processor.max_model_len
-        self._local = threading.local()
+        self._copies: queue.SimpleQueue[InputProcessor] = queue.SimpleQueue()
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="minirunner-tokenizer")
         tok = processor.tokenizer
         longest = max((len(t) for t in tok.get_vocab()), default=1) if tok is not None else 1
         self.max_chars = self.max_model_len * max(longest, 1) * NORMALIZATION_MARGIN
 
-    def _own(self) -> InputProcessor:
-        own = getattr(self._local, "processor", None)
-        if own is None:
-            own = self._local.processor = self.processor.with_own_tokenizer()
-        return own
+    def _borrowed(self, fn, *args):
+        """``fn(own, *args)`` with a tokenizer copy no other thread holds meanwhile."""
+        try:
+            own = self._copies.get_nowait()
+        except queue.Empty:
+            own = self.processor.with_own_tokenizer()
+        try:
+            return fn(own, *args)
+        finally:
+            self._copies.put(own)
 
     async def _run(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._borrowed, fn, *args)
 
     def check_length(self, text: str, what: str = "the prompt") -> None:
         """ValueError when ``text`` has more characters than max_model_len tokens can hold."""
@@ -62,8 +68,7 @@ class TokenizerPool:
             return [prompt["prompt"]]
         return []
 
-    def _process(self, prompts: list, params: list):
-        own = self._own()
+    def _process(self, own: InputProcessor, prompts: list, params: list):
 
         def process(prompt, sp):
             if sp.truncate_prompt_tokens is None:
@@ -77,8 +82,8 @@ class TokenizerPool:
         or ValueError naming the first refused one."""
         return await self._run(self._process, prompts, params)
 
-    def _render(self, messages, template, add_generation_prompt, kwargs) -> tuple[str, list[int]]:
-        own = self._own()
+    def _render(self, own: InputProcessor, messages, template, add_generation_prompt,
+                kwargs) -> tuple[str, list[int]]:
         text = render_chat(own.tokenizer, messages, template, add_generation_prompt, **kwargs)
         self.check_length(text, "the rendered chat prompt")
         # the template writes the special tokens itself, so the text is tokenised without adding any
@@ -91,15 +96,15 @@ class TokenizerPool:
         return await asyncio.wait_for(
             self._run(self._render, messages, template, add_generation_prompt, kwargs), timeout)
 
-    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+    def _encode(self, own: InputProcessor, text: str, add_special_tokens: bool) -> list[int]:
         self.check_length(text)
-        return self._own().encode(text, add_special_tokens=add_special_tokens)
+        return own.encode(text, add_special_tokens=add_special_tokens)
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return await self._run(self._encode, text, add_special_tokens)
 
-    def _decode(self, token_ids: list[int]) -> str:
-        tok = self._own().tokenizer
+    def _decode(self, own: InputProcessor, token_ids: list[int]) -> str:
+        tok = own.tokenizer
         if tok is None:
             raise ValueError("this model directory has no tokenizer files: nothing can be detokenized")
         return tok.decode(token_ids)
@@ -107,8 +112,8 @@ class TokenizerPool:
     async def decode(self, token_ids: list[int]) -> str:
         return await self._run(self._decode, token_ids)
 
-    def _token_strs(self, token_ids: list[int]) -> list[str]:
-        return list(self._own().tokenizer.convert_ids_to_tokens(token_ids))
+    def _token_strs(self, own: InputProcessor, token_ids: list[int]) -> list[str]:
+        return list(own.tokenizer.convert_ids_to_tokens(token_ids))
 
     async def token_strs(self, token_ids: list[int]) -> list[str]:
         return await self._run(self._token_strs, token_ids)
