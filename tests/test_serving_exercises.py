@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from minirunner.tools.bench.serve import RequestTiming, summarize
+from minirunner.tools.bench.serve import RequestFuncOutput, calculate_metrics
 from simulators.exercises import NotImplementedYet
 from simulators.serving_exercises import (
     goodput_task,
@@ -98,22 +98,25 @@ def test_chunk_exercise_names_the_mistakes():
 # --- the goodput implement-it -------------------------------------------------------------------
 
 def _measured_like(seed: int) -> dict:
-    """A run as bench serve reports it, with bench serve's own goodput (its summarize) as the figure."""
+    """A run as bench serve reports it, with bench serve's own goodput (vLLM's request_goodput, from its
+    calculate_metrics) as the figure."""
     rng = random.Random(seed)
-    timings = []
+    outputs = []
     for _ in range(rng.randint(10, 40)):
         n = rng.choice([1, 2, 5, 30])
-        t = RequestTiming(prompt_tokens=8, output_tokens=n, ttft=rng.uniform(0.01, 0.3),
-                          itl=[rng.uniform(0.001, 0.02) for _ in range(n - 1)])
-        t.e2e = t.ttft + sum(t.itl) + rng.uniform(0, 0.002)
+        o = RequestFuncOutput(prompt_len=8, output_tokens=n, ttft=rng.uniform(0.01, 0.3),
+                              itl=[rng.uniform(0.001, 0.02) for _ in range(n - 1)], success=True)
+        o.latency = o.ttft + sum(o.itl) + rng.uniform(0, 0.002)
         if rng.random() < 0.1:
-            t = RequestTiming(prompt_tokens=8, error="HTTP 503: busy")
-        timings.append(t)
+            o = RequestFuncOutput(prompt_len=8, error="HTTP 503: busy")
+        outputs.append(o)
     duration = rng.uniform(1.0, 3.0)
-    s = summarize(timings, duration, 0.15, 0.012)
-    reqs = [dict(prompt_tokens=t.prompt_tokens, output_tokens=t.output_tokens, ttft=t.ttft, itl=t.itl,
-                 e2e=t.e2e, error=t.error) for t in timings]
-    return dict(requests=reqs, duration=duration, slo_ttft=0.15, slo_tpot=0.012, goodput=s["goodput"])
+    s = calculate_metrics(outputs, duration, goodput={"ttft": 150.0, "tpot": 12.0})
+    # as minirunner.tools.serve_lab hands a run to the notebook: a failed request has no times
+    reqs = [dict(prompt_tokens=o.prompt_len, output_tokens=o.output_tokens,
+                 ttft=o.ttft if o.success else None, itl=o.itl, e2e=o.latency if o.success else None,
+                 error=None if o.success else o.error) for o in outputs]
+    return dict(requests=reqs, duration=duration, slo_ttft=0.15, slo_tpot=0.012, goodput=s["request_goodput"])
 
 
 @pytest.mark.parametrize("seed", range(30))
