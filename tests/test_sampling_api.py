@@ -151,6 +151,9 @@ def test_per_request_values_batched_equal_alone(models):
     for i in range(3):
         alone = llm.generate([PROMPTS[i]], params[i], use_tqdm=False)[0]
         assert alone.outputs[0].token_ids == together[i].outputs[0].token_ids
+    # finished requests travel to the worker in the next step's data (SchedulerOutput.finished_req_ids,
+    # as in vLLM): after one more step, none of them keeps a row
+    llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
     assert llm.engine.runner.sampler.logits_processors.penalties.rows == {}, "finished requests keep rows"
 
 
