@@ -15,7 +15,13 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from simulators.exercises import Exercise, NotImplementedYet, Verdict, parse_choice, parse_float
+from simulators.exercises import (
+    Exercise,
+    NotImplementedYet,
+    Verdict,
+    choice_exercise,
+    parse_float,
+)
 from simulators.hinted_exercises import HintedExercise, HintedTask
 from simulators.serving_model import StepTime, capacity
 
@@ -71,43 +77,29 @@ def make_capacity_exercise(seed: int) -> HintedExercise:
     return HintedExercise(Exercise(seed, question, answer, diagnose, hint=hint))
 
 
-KNEE_OPTIONS = {
-    "ttft": "p50 TTFT grows a lot; p50 ITL stays about the same",
-    "itl": "p50 ITL grows a lot; p50 TTFT stays about the same",
-    "both": "both grow about in proportion to the rate",
-    "neither": "neither changes: the server already runs at its full throughput",
-}
-KNEE_WHY = {
-    "itl": "the batch cannot grow past max_num_seqs, so the step, and the gap between two tokens of a "
-           "running request, stays the same; the extra requests wait before they start.",
-    "both": "the running batch is capped, so a running request's steps do not slow down with the rate.",
-    "neither": "throughput is flat, but the queue in front of the server is not: each request waits "
-               "longer before its first token.",
-}
+KNEE_RIGHT = ("p50 TTFT grows a lot; p50 ITL stays about the same",
+              "the running batch is capped at max_num_seqs, so the step time and the ITL stay; requests "
+              "queue before their first token, so TTFT grows")
+KNEE_WRONG = [
+    ("p50 ITL grows a lot; p50 TTFT stays about the same",
+     "the batch cannot grow past max_num_seqs, so the step, and the gap between two tokens of a running "
+     "request, stays the same; the extra requests wait before they start"),
+    ("both grow about in proportion to the rate",
+     "the running batch is capped, so a running request's steps do not slow down with the rate"),
+    ("neither changes: the server already runs at its full throughput",
+     "throughput is flat, but the queue in front of the server is not: each request waits longer before "
+     "its first token"),
+]
 
 
 def make_knee_exercise(seed: int, max_num_seqs: int = 4) -> HintedExercise:
     """Predict (multiple choice): past the knee, what a doubled rate does to TTFT and ITL."""
-    keys = list(KNEE_OPTIONS)
-    random.Random(seed).shuffle(keys)
-    letters = "abcd"
-    answer = letters[keys.index("ttft")]
-    lines = "\n".join(f"  {letter}) {KNEE_OPTIONS[k]}" for letter, k in zip(letters, keys, strict=True))
     question = (f"A server runs with max_num_seqs = {max_num_seqs}. The offered request rate doubles "
                 f"from 1.5x to 3x the rate it can complete (past the knee), for the same number of "
-                f"requests. What happens?\n{lines}\n(answer with a letter)")
-
-    def diagnose(a) -> Verdict:
-        c = parse_choice(a, letters)
-        if c is None:
-            return Verdict(False, "answer with one of the letters a-d.")
-        if c == answer:
-            return Verdict(True, "the running batch is capped at max_num_seqs, so the step time and the ITL "
-                                 "stay; requests queue before their first token, so TTFT grows.")
-        return Verdict(False, KNEE_WHY[keys[letters.index(c)]])
-
+                f"requests. What happens?")
     hint = "what limits the batch a step runs, and where does a request wait when every seat is taken?"
-    return HintedExercise(Exercise(seed, question, answer, diagnose, hint=hint))
+    return HintedExercise(choice_exercise(seed, random.Random(seed), question, KNEE_RIGHT, list(KNEE_WRONG),
+                                          hint=hint))
 
 
 def make_chunk_exercise(seed: int) -> HintedExercise:
