@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from minirunner.tools.serve_lab import free_port
 
 pytestmark = pytest.mark.browser
 
@@ -45,12 +46,6 @@ def _missing() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     why = _missing()
@@ -60,7 +55,7 @@ def lab(tmp_path_factory):
         pytest.skip(why)
     work = tmp_path_factory.mktemp("course")
     shutil.copytree(ROOT / "notebooks", work / "notebooks")  # never rewrite the committed notebooks
-    port, token = _free_port(), "minirunner-browser-test"
+    port, token = free_port(), "minirunner-browser-test"
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(work / "runtime"),
            "JUPYTER_CONFIG_DIR": str(work / "config"), "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.open_browser=False",
