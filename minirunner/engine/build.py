@@ -10,6 +10,7 @@ built through the same ``make_backend`` and ``ModelRunner`` as the target. It ne
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from minirunner.engine.scheduler import Scheduler
 from minirunner.kv.block_table import cdiv
 from minirunner.kv.contiguous import ContiguousKVManager
 from minirunner.kv.manager import KVCacheManager
+from minirunner.model import batch_invariant
 from minirunner.model.decoder import DecoderLM
 from minirunner.model.loader import load_model
 from minirunner.model.tensor_parallel import local_config, plan_shards
@@ -33,6 +35,7 @@ from minirunner.worker.memory_profile import profile_kv_budget
 from minirunner.worker.model_runner import ModelRunner
 
 _DEFAULT_CPU_KV_BYTES = 1 << 30
+logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -55,6 +58,9 @@ def build_engine(config: EngineConfig, mc: ModelConfig) -> EngineParts:
     num_threads = torch.get_num_threads()  # the engine's own: LLMEngine builds inside its scope
     tp = config.tensor_parallel_size
     model = load_model(config.model, mc, config.dtype, config.device) if tp == 1 else None
+    if config.batch_invariant:
+        batch_invariant.apply(model)
+        logger.info(batch_invariant.describe())
     spec_config = None if config.speculative_config is None else SpeculativeConfig.from_dict(
         config.speculative_config, config.model, mc, config.max_model_len)
     # A draft model's cache has as many blocks as the target's: one memory budget pays for both.
