@@ -58,9 +58,6 @@ def build_engine(config: EngineConfig, mc: ModelConfig) -> EngineParts:
     num_threads = torch.get_num_threads()  # the engine's own: LLMEngine builds inside its scope
     tp = config.tensor_parallel_size
     model = load_model(config.model, mc, config.dtype, config.device) if tp == 1 else None
-    if config.batch_invariant:
-        batch_invariant.apply(model)
-        logger.info(batch_invariant.describe())
     spec_config = None if config.speculative_config is None else SpeculativeConfig.from_dict(
         config.speculative_config, config.model, mc, config.max_model_len)
     # A draft model's cache has as many blocks as the target's: one memory budget pays for both.
@@ -71,9 +68,13 @@ def build_engine(config: EngineConfig, mc: ModelConfig) -> EngineParts:
                                   model, draft_bytes)
     group = None if tp == 1 else WorkerGroup(tp, config.device, build_rank, (
         config.model, config.dtype, num_blocks, config.block_size,
-        resolve_backend_name(config.attention_backend, config.device), config.device, num_threads))
+        resolve_backend_name(config.attention_backend, config.device), config.device, num_threads,
+        config.batch_invariant))
     if group is not None:
         model = group.local  # rank 0's shard
+    if config.batch_invariant:
+        batch_invariant.apply(model)
+        logger.info(batch_invariant.describe())
     backend = make_backend(config, model.config)
     if config.kv_layout == "paged":
         kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,

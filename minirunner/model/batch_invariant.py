@@ -118,9 +118,6 @@ def check_config(config) -> None:
     if config.attention_backend not in ("auto", "torch"):
         raise ValueError(f"batch_invariant=True attends through its own CPU kernel; attention_backend="
                          f"{config.attention_backend!r} cannot be honoured: leave it at 'auto' or 'torch'")
-    if config.tensor_parallel_size != 1:
-        raise ValueError("batch_invariant=True runs with tensor_parallel_size=1 only for now (a fixed "
-                         "all-reduce order is not written yet): pass tensor_parallel_size=1")
 
 
 def invariant_graph_mode(graph_mode: str) -> str:
@@ -136,13 +133,15 @@ def invariant_graph_mode(graph_mode: str) -> str:
 
 
 def apply(model: torch.nn.Module) -> None:
-    """Switch a loaded, fused model (model/decoder.py) to the mode's kernels; raises RuntimeError when
-    a projection's rows would depend on the batch on this machine (the probe, per weight shape)."""
+    """Switch a loaded, fused model (model/decoder.py; a tensor-parallel shard too, whose all-reduces
+    then sum in rank order) to the mode's kernels; raises RuntimeError when a projection's rows would
+    depend on the batch on this machine (the probe, per weight shape)."""
     from minirunner.model.decoder import FusedLinear
 
     checked: dict[tuple[int, int], bool] = {}
     for module in model.modules():
-        for fused in vars(module).values():
+        for value in vars(module).values():
+            fused = getattr(value, "linear", value)  # a row-parallel projection holds its FusedLinear
             if not isinstance(fused, FusedLinear):
                 continue
             shape = tuple(fused.weight.shape)
@@ -157,16 +156,22 @@ def apply(model: torch.nn.Module) -> None:
     if not check_rows(head.packed, model.lm_head.weight.shape[1], head.out_features):
         raise RuntimeError("batch_invariant=True: lm_head's rows depend on the batch with this CPU's "
                            "oneDNN kernels; leave the mode off on this machine")
-    model.lm_head.forward = head
+    if hasattr(model.lm_head, "project"):  # tensor parallel: this rank's rows, then the all-gather
+        model.lm_head.project = head
+    else:
+        model.lm_head.forward = head
     model.rotary = InvariantRotary(model.rotary)
+    tp = getattr(model, "tp", None)
+    if tp is not None:
+        tp.fixed_order = True
 
 
 def describe() -> str:
     """What the mode changes, for the log line at start."""
     return (f"batch-invariant mode: projections and lm_head through oneDNN's packed linear (1 row padded "
             f"to {MIN_ROWS}), RoPE from a table, every query row's attention through one CPU kernel with "
-            "one reduction order over keys (prefill, chunked prefill, decode and verify alike), steps "
-            "eager (no compiled graphs)")
+            "one reduction order over keys (prefill, chunked prefill, decode and verify alike), "
+            "tensor-parallel sums in rank order, steps eager (no compiled graphs)")
 
 
 __all__ = ["InvariantLinear", "InvariantRotary", "apply", "check_rows", "describe", "linear",
