@@ -4,15 +4,15 @@ of the batch it runs in.
 Owns the mode's linear layers, its RoPE table and ``apply``, which switches a loaded model over. What
 the mode changes, and why (measured on a CPU: ``benchmarks/README.md``, "Batch-invariant mode"):
 
-* Projections and lm_head go through oneDNN's packed linear at two rows or more. MKL's ``F.linear``
+* Projections and lm_head go through oneDNN's packed linear at 2 to 256 rows a call. MKL's ``F.linear``
   gives a row the same result only within classes of row counts ({1}, {2..10}, {11 and more} at
   K = 256), so a request's numbers change with its batch. oneDNN's packed kernel gave every row the same
   bits from 2 rows up to 600 at every shape probed, while one row takes another kernel at large K. So a
-  call with one row is padded to two. ``apply`` checks this on the model's own weights first and raises
-  if it does not hold here.
+  call with one row is padded to two, and one of more than 256 rows split into calls of 256.
+  ``apply`` checks this on the model's own weights first and raises if it does not hold here.
 * RoPE's cos and sin come from a table filled once in fixed blocks of positions: torch's vectorised
-  ``cos`` handles a tensor's last elements with scalar code, so a position's value depended on how
-  many tokens the step had.
+  ``cos`` may handle a tensor's last elements (and a thread's) with scalar code, whose rounding differs,
+  so a position's value could depend on how many tokens the step has.
 * RMSNorm, log-softmax, SiLU and the other element-wise operators give a row the same bits whatever the
   row count (probed, not changed). Attention is the backend's (attention/batch_invariant.py).
 
@@ -31,15 +31,20 @@ from minirunner.model import cpu_linear
 logger = logging.getLogger(__name__)
 
 MIN_ROWS = 2  # oneDNN's packed linear takes another kernel for one row at large K
+MAX_ROWS = 256  # more rows are split into calls of at most this many (every call in the probed range)
 ROPE_BLOCK = 256  # positions per block of the RoPE table (every block computed with one shape)
-PROBE_ROWS = (2, 3, 5, 17, 64)
+PROBE_ROWS = (2, 3, 5, 17, 64, 255, 256, 300)
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
            out_features: int) -> torch.Tensor:
     """x [rows, in] @ the packed weight (+ bias) -> [rows, out_features], the same bits for a row
-    whatever ``rows`` is: one row is padded to ``MIN_ROWS``."""
+    whatever ``rows`` is: one row is padded to ``MIN_ROWS``, more than ``MAX_ROWS`` split into calls of
+    ``MAX_ROWS`` (a last call of one row padded), so every call has a row count the probe checked."""
     rows = x.shape[0]
+    if rows > MAX_ROWS:
+        return torch.cat([linear(x[i:i + MAX_ROWS], packed, bias, out_features)
+                          for i in range(0, rows, MAX_ROWS)])
     if rows >= MIN_ROWS:
         return cpu_linear.packed_linear(x, packed, bias, out_features)
     padded = torch.cat((x, x.new_zeros(MIN_ROWS - rows, x.shape[1])))
@@ -53,7 +58,8 @@ def check_rows(packed: torch.Tensor, in_features: int, out_features: int) -> boo
     x = torch.randn(max(PROBE_ROWS), in_features, generator=gen)
     full = linear(x, packed, None, out_features)
     return all(torch.equal(linear(x[:m], packed, None, out_features), full[:m]) for m in (1, *PROBE_ROWS)) \
-        and torch.equal(linear(x[7:9], packed, None, out_features), full[7:9])
+        and torch.equal(linear(x[7:9], packed, None, out_features), full[7:9]) \
+        and torch.equal(cpu_linear.packed_linear(x[:MAX_ROWS], packed, None, out_features), full[:MAX_ROWS])
 
 
 class InvariantLinear:
