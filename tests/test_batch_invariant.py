@@ -12,7 +12,9 @@ import logging
 import random
 
 import pytest
+import test_equality_matrix as matrix
 import torch
+from test_equality_matrix import reference  # noqa: F401 (a fixture)
 from test_oracle import PROMPTS, expected, models  # noqa: F401 (the oracle's fixture)
 from test_spec_decode import pair  # noqa: F401 (a fixture)
 from tiny_models import make_tiny_model
@@ -179,6 +181,19 @@ def test_the_embedded_model_is_bit_identical_alone_and_among_companions():
     alone = _result(llm.generate([target], params, use_tqdm=False)[0])
     companions = [[rng.randrange(3, 1000) for _ in range(rng.randint(1, 80))] for _ in range(12)]
     assert _result(_in_batch(llm, target, params, companions, rng)) == alone
+
+
+@pytest.mark.parametrize("async_scheduling, proposer", [(False, "none"), (True, "ngram"),
+                                                        (False, "draft_model")])
+def test_the_equality_matrix_holds_with_the_mode_on(pair, reference, async_scheduling, proposer):  # noqa: F811
+    """A subset of the equality matrix (tests/test_equality_matrix.py) with the mode on: chunked prefill,
+    prefix caching and preemption by a tiny pool give the plain eager engine's greedy tokens."""
+    llm = matrix._engine(pair, "none", async_scheduling, proposer, batch_invariant=True)
+    outputs = matrix._run(llm, matrix._prompts(matrix.PROMPTS), matrix.GREEDY)
+    assert [o.outputs[0].token_ids for o in outputs] == reference
+    trace = llm.get_step_trace()
+    assert sum(t["num_preempted"] for t in trace) > 0, "the tiny pool was meant to preempt"
+    assert sum(o.metrics.num_cached_prompt_tokens for o in outputs) > 0, "no prefix-cache hit"
 
 
 @pytest.mark.parametrize("name", ["llama_gqa", "qwen2", "qwen3", "llama3_rope", "mistral"])
