@@ -8,8 +8,9 @@ the mode changes, and why (measured on a CPU: ``benchmarks/README.md``, "Batch-i
   gives a row the same result only within classes of row counts ({1}, {2..10}, {11 and more} at
   K = 256), so a request's numbers change with its batch. oneDNN's packed kernel gave every row the same
   bits from 2 rows up to 600 at every shape probed, while one row takes another kernel at large K. So a
-  call with one row is padded to two, and one of more than 256 rows split into calls of 256.
-  ``apply`` checks this on the model's own weights first and raises if it does not hold here.
+  call with one row is padded to two where one row meets another kernel (the probe decides, per weight
+  shape), and one of more than 256 rows is split into calls of 256. ``apply`` checks this on the
+  model's own weights first and raises if it does not hold here.
 * RoPE's cos and sin come from a table filled once in fixed blocks of positions: torch's vectorised
   ``cos`` may handle a tensor's last elements (and a thread's) with scalar code, whose rounding differs,
   so a position's value could depend on how many tokens the step has.
@@ -36,30 +37,41 @@ ROPE_BLOCK = 256  # positions per block of the RoPE table (every block computed 
 PROBE_ROWS = (2, 3, 5, 17, 64, 255, 256, 300)
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
-           out_features: int) -> torch.Tensor:
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+           min_rows: int = MIN_ROWS) -> torch.Tensor:
     """x [rows, in] @ the packed weight (+ bias) -> [rows, out_features], the same bits for a row
-    whatever ``rows`` is: one row is padded to ``MIN_ROWS``, more than ``MAX_ROWS`` split into calls of
-    ``MAX_ROWS`` (a last call of one row padded), so every call has a row count the probe checked."""
+    whatever ``rows`` is: fewer rows than ``min_rows`` are padded to it, more than ``MAX_ROWS`` split into
+    calls of ``MAX_ROWS``, so every call has a row count the probe checked."""
     rows = x.shape[0]
     if rows > MAX_ROWS:
-        return torch.cat([linear(x[i:i + MAX_ROWS], packed, bias, out_features)
+        return torch.cat([linear(x[i:i + MAX_ROWS], packed, bias, out_features, min_rows)
                           for i in range(0, rows, MAX_ROWS)])
-    if rows >= MIN_ROWS:
+    if rows >= min_rows:
         return cpu_linear.packed_linear(x, packed, bias, out_features)
-    padded = torch.cat((x, x.new_zeros(MIN_ROWS - rows, x.shape[1])))
+    padded = torch.cat((x, x.new_zeros(min_rows - rows, x.shape[1])))
     return cpu_linear.packed_linear(padded, packed, bias, out_features)[:rows]
 
 
-def check_rows(packed: torch.Tensor, in_features: int, out_features: int) -> bool:
-    """Whether ``linear`` gives each row the same bits at every probed row count as in one call of 64
-    rows (random rows, a fixed seed)."""
+def check_rows(packed: torch.Tensor, in_features: int, out_features: int, min_rows: int = MIN_ROWS) -> bool:
+    """Whether ``linear`` gives each row the same bits at every probed row count (and one row) as in
+    one call of 300 rows (random rows, a fixed seed)."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(max(PROBE_ROWS), in_features, generator=gen)
-    full = linear(x, packed, None, out_features)
-    return all(torch.equal(linear(x[:m], packed, None, out_features), full[:m]) for m in (1, *PROBE_ROWS)) \
-        and torch.equal(linear(x[7:9], packed, None, out_features), full[7:9]) \
+
+    def call(rows):
+        return linear(rows, packed, None, out_features, min_rows)
+    full = call(x)
+    return all(torch.equal(call(x[:m]), full[:m]) for m in (1, *PROBE_ROWS)) \
+        and torch.equal(call(x[7:9]), full[7:9]) and torch.equal(call(x[9:10]), full[9:10]) \
         and torch.equal(cpu_linear.packed_linear(x[:MAX_ROWS], packed, None, out_features), full[:MAX_ROWS])
+
+
+def fewest_rows(packed: torch.Tensor | None, in_features: int, out_features: int) -> int:
+    """The fewest rows a call needs for ``linear`` to give every row the same bits: 1 where one row
+    meets the same kernel as many (the probe says so), else ``MIN_ROWS``; 0 where neither holds."""
+    if packed is None:
+        return 0
+    return next((m for m in (1, MIN_ROWS) if check_rows(packed, in_features, out_features, m)), 0)
 
 
 class InvariantLinear:
@@ -67,9 +79,10 @@ class InvariantLinear:
 
     def __init__(self, weight: torch.Tensor):
         self.packed, self.out_features = cpu_linear.pack(weight.detach()), weight.shape[0]
+        self.min_rows = fewest_rows(self.packed, weight.shape[1], self.out_features)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.packed, None, self.out_features)
+        return linear(x, self.packed, None, self.out_features, self.min_rows)
 
 
 class InvariantRotary(torch.nn.Module):
@@ -144,7 +157,7 @@ def apply(model: torch.nn.Module) -> None:
     depend on the batch on this machine (the probe, per weight shape)."""
     from minirunner.model.decoder import FusedLinear
 
-    checked: dict[tuple[int, int], bool] = {}
+    checked: dict[tuple[int, int], int] = {}
     for module in model.modules():
         for value in vars(module).values():
             fused = getattr(value, "linear", value)  # a row-parallel projection holds its FusedLinear
@@ -152,14 +165,14 @@ def apply(model: torch.nn.Module) -> None:
                 continue
             shape = tuple(fused.weight.shape)
             if shape not in checked:
-                checked[shape] = fused.packed is not None and check_rows(fused.packed, shape[1], shape[0])
+                checked[shape] = fewest_rows(fused.packed, shape[1], shape[0])
             if not checked[shape]:
                 raise RuntimeError(f"batch_invariant=True: a {shape[0]}x{shape[1]} projection's rows "
                                    "depend on the batch with this CPU's oneDNN kernels; leave the mode "
                                    "off on this machine")
-            fused.invariant = True
+            fused.invariant = checked[shape]
     head = InvariantLinear(model.lm_head.weight)
-    if not check_rows(head.packed, model.lm_head.weight.shape[1], head.out_features):
+    if not head.min_rows:
         raise RuntimeError("batch_invariant=True: lm_head's rows depend on the batch with this CPU's "
                            "oneDNN kernels; leave the mode off on this machine")
     if hasattr(model.lm_head, "project"):  # tensor parallel: this rank's rows, then the all-gather
@@ -174,11 +187,12 @@ def apply(model: torch.nn.Module) -> None:
 
 def describe() -> str:
     """What the mode changes, for the log line at start."""
-    return (f"batch-invariant mode: projections and lm_head through oneDNN's packed linear (1 row padded "
-            f"to {MIN_ROWS}), RoPE from a table, every query row's attention through one CPU kernel with "
-            "one reduction order over keys (prefill, chunked prefill, decode and verify alike), "
-            "tensor-parallel sums in rank order, steps eager (no compiled graphs)")
+    return (f"batch-invariant mode: projections and lm_head through oneDNN's packed linear (one row "
+            f"padded to {MIN_ROWS} where one row meets another kernel), RoPE from a table, every query "
+            "row's attention through one CPU kernel with one reduction order over keys (prefill, "
+            "chunked prefill, decode and verify alike), tensor-parallel sums in rank order, steps eager "
+            "(no compiled graphs)")
 
 
-__all__ = ["InvariantLinear", "InvariantRotary", "apply", "check_rows", "describe", "linear",
-           "supported"]
+__all__ = ["InvariantLinear", "InvariantRotary", "apply", "check_config", "check_rows", "describe",
+           "fewest_rows", "invariant_graph_mode", "linear", "supported"]

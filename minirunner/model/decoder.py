@@ -83,11 +83,11 @@ class FusedLinear:
         self.packed = cpu_linear.pack(weight) if on_cpu and cpu_linear.packs(weight.dtype) else None
         # Plain flags and sizes for __call__, so torch.compile guards only the tensors a step reads.
         self.one_row_t = self.weight_t is not None
-        self.invariant = False  # batch-invariant mode (model/batch_invariant.py): one kernel, any rows
+        self.invariant = 0  # batch-invariant mode: the fewest rows a call takes (model/batch_invariant.py)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.invariant:
-            return batch_invariant.linear(x, self.packed, self.bias, self.out_features)
+            return batch_invariant.linear(x, self.packed, self.bias, self.out_features, self.invariant)
         if self.one_row_t and x.shape[0] == 1:
             return x @ self.weight_t if self.bias is None else torch.addmm(self.bias, x, self.weight_t)
         if self.packed is not None and x.shape[0] > 1:
