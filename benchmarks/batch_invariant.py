@@ -9,7 +9,9 @@ each workload go first and are not timed (with ``--compiled`` they compile the d
 buckets).
 
 ``--compiled``: the mode-off engine runs graph_mode="compile" (the mode runs every step eagerly, so
-this compares the mode with the fastest default).
+this compares the mode with the fastest default). ``--profile-batch1 N``: instead, N batch-1 decode
+steps of each engine under cProfile, printing the seconds spent in the projections (FusedLinear calls,
+which hold the mode's linear) and in the whole step.
 
     python benchmarks/batch_invariant.py --out benchmarks/results/batch_invariant_cpu.json
 """
@@ -48,6 +50,30 @@ def _tok_per_s(llm, prompts, params) -> float:
     return sum(len(o.outputs[0].token_ids) for o in outs) / elapsed
 
 
+def profile_batch1(steps: int, threads: int) -> None:
+    import cProfile
+    import pstats
+
+    from minirunner import LLM, SamplingParams
+
+    for mode in (False, True):
+        llm = LLM(device="cpu", batch_invariant=mode, num_threads=threads)
+        engine = llm.engine
+        engine.add_request(list(range(5, 21)), SamplingParams(temperature=0, max_tokens=steps + 40,
+                                                               ignore_eos=True))
+        for _ in range(20):  # the prefill and a warm-up
+            engine.step()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(steps):
+            engine.step()
+        prof.disable()
+        stats = pstats.Stats(prof).stats
+        linear = sum(v[3] for k, v in stats.items() if k[2] == "__call__" and k[0].endswith("decoder.py"))
+        total = sum(v[3] for k, v in stats.items() if k[2] == "step" and k[0].endswith("engine.py"))
+        print(f"batch_invariant={mode}: {steps} steps, projections {linear:.2f} s of {total:.2f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=6)
@@ -55,7 +81,11 @@ def main() -> None:
     ap.add_argument("--compiled", action="store_true", help="the mode-off engine compiles its steps")
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile-batch1", type=int, default=0, metavar="STEPS")
     args = ap.parse_args()
+    if args.profile_batch1:
+        profile_batch1(args.profile_batch1, args.threads)
+        return
     from minirunner import LLM
 
     off_mode = "compile" if args.compiled else "none"

@@ -2,7 +2,8 @@
 
 1. Linear layers: for each weight shape (the embedded model's and some larger), the row counts M
    (1..40, then up to 513) grouped into classes within which row 0 of ``x[:M] @ W.T`` has the same
-   bits, for ``F.linear`` (MKL) and oneDNN's packed linear (``minirunner.model.cpu_linear``).
+   bits, for ``F.linear`` (MKL), MKL on a contiguous [in, out] copy (``x @ W_t``, the default's one-row
+   path) and oneDNN's packed linear (``minirunner.model.cpu_linear``).
 2. RMSNorm and log-softmax: whether rows of a call of M rows equal the same rows of a 3000-row call.
 3. Attention: one query row (a sequence's last token, 77 keys) through each path the torch backend
    takes (decode SDPA alone or beside longer and shorter sequences; prefill SDPA over the whole prompt,
@@ -50,10 +51,11 @@ def linear_classes() -> None:
     torch.manual_seed(0)
     for k, n in SHAPES:
         w, x = torch.randn(n, k), torch.randn(max(ROWS), k)
-        packed = cpu_linear.pack(w)
-        for name in ("F.linear", "oneDNN packed"):
-            groups = classes({m: (F.linear(x[:m], w) if name == "F.linear" else
-                                  cpu_linear.packed_linear(x[:m], packed, None, n))[0] for m in ROWS})
+        packed, w_t = cpu_linear.pack(w), w.t().contiguous()
+        kernels = {"F.linear": lambda a: F.linear(a, w), "x @ W_t": lambda a: a @ w_t,  # noqa: B023
+                   "oneDNN packed": lambda a: cpu_linear.packed_linear(a, packed, None, n)}  # noqa: B023
+        for name, fn in kernels.items():
+            groups = classes({m: fn(x[:m])[0] for m in ROWS})
             print(f"K={k:5d} N={n:5d} {name:14s} {len(groups)} classes of M: {_ranges(groups)}")
 
 
