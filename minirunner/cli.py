@@ -59,6 +59,9 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--async-scheduling", action="store_true",
                    help="launch each step before the host has read the previous one's tokens "
                         "(vLLM's async scheduling; the outputs are the synchronous engine's)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="a request's tokens and logprobs do not depend on its batch (CPU, float32; "
+                        "steps run eager)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                    help="shard the model over N processes (gloo on CPU, NCCL on N GPUs)")
     p.add_argument("--num-threads", default="auto",
@@ -76,7 +79,7 @@ def _llm_kwargs(args) -> dict:
                 enable_prefix_caching=args.enable_prefix_caching, attention_backend=args.attention_backend,
                 graph_mode=args.graph_mode, cudagraph_capture_sizes=args.cudagraph_capture_sizes,
                 speculative_config=args.speculative_config, async_scheduling=args.async_scheduling,
-                tensor_parallel_size=args.tensor_parallel_size,
+                tensor_parallel_size=args.tensor_parallel_size, batch_invariant=args.batch_invariant,
                 num_threads=args.num_threads if args.num_threads == "auto" else _int(args.num_threads))
 
 

@@ -200,6 +200,7 @@ class EngineConfig:
     max_logprobs: int = 20  # the most logprobs / prompt_logprobs a request may ask for (vLLM's default)
     tensor_parallel_size: int = 1  # ranks the model is sharded over (minirunner/distributed/tp_runner.py)
     scheduling_policy: str = "fcfs"  # or "priority" (vLLM's): engine/request_queue.py
+    batch_invariant: bool = False  # a row's numbers independent of its batch (model/batch_invariant.py)
 
     def resolved(self, model_config: ModelConfig) -> EngineConfig:
         """This configuration checked against the model, with what "auto" / None left open decided (graph
@@ -215,6 +216,10 @@ class EngineConfig:
             graph_mode = "none"  # tensor-parallel steps run eager
             logger.info("graph_mode='auto' with tensor_parallel_size=%d: steps run eager (no graphs "
                         "under tensor parallelism)", tp)
+        if self.batch_invariant and graph_mode != "none":
+            from minirunner.model.batch_invariant import invariant_graph_mode
+
+            graph_mode = invariant_graph_mode(graph_mode)
         config = replace(self, graph_mode=resolve_graph_mode(graph_mode, self.device))
         config.check(model_config)
         if config.max_model_len is None:
@@ -240,6 +245,12 @@ class EngineConfig:
                              "Triton/FlashInfer kernels are captured with graph_mode='cuda'")
         check_threads(self.num_threads)
         check_policy(self.scheduling_policy)
+        if not isinstance(self.batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be True or False, got {self.batch_invariant!r}")
+        if self.batch_invariant:
+            from minirunner.model.batch_invariant import check_config
+
+            check_config(self)
         if self.kv_layout not in KV_LAYOUTS:
             raise ValueError(f"kv_layout must be one of {list(KV_LAYOUTS)}, got {self.kv_layout!r}")
         if self.kv_layout != "paged" and self.enable_prefix_caching:

@@ -56,7 +56,7 @@ class LLM:
                  max_logprobs: int = 20, generation_config: str = "auto",
                  kv_cache_dtype: str = "auto", enable_chunked_prefill: bool | None = None,
                  disable_log_stats: bool = True, swap_space: float | None = None,
-                 scheduling_policy: str = "fcfs", **kwargs):
+                 scheduling_policy: str = "fcfs", batch_invariant: bool = False, **kwargs):
         """``graph_mode``: "auto" (cuda on a CUDA device, none on a CPU), "none" (eager), "cuda" (a CUDA
         graph per decode bucket), "compile" (torch.compile per bucket: the CPU analogue).
         ``enforce_eager=True`` is vLLM's name for graph_mode="none". ``cudagraph_capture_sizes``: the
@@ -66,7 +66,9 @@ class LLM:
         The keyword-only arguments are vLLM's, with vLLM's meaning (README: the LLM(...) table);
         ``generation_config``: "auto" takes default sampling parameters from the model's
         generation_config.json, "vllm" ignores it. ``tensor_parallel_size=N`` shards the model over N
-        processes (README, "Beyond one device"). Other vLLM arguments go to llm_args.py."""
+        processes (README, "Beyond one device"). ``batch_invariant=True``: a request's tokens and
+        logprobs do not depend on what runs beside it (README, "Batch-invariant mode"). Other vLLM
+        arguments go to llm_args.py."""
         check_vllm_kwargs(kwargs)
         check_named_vllm_args(trust_remote_code, tensor_parallel_size, kv_cache_dtype,
                               enable_chunked_prefill, swap_space, disable_log_stats)
@@ -99,7 +101,7 @@ class LLM:
             speculative_config=speculative_config, async_scheduling=async_scheduling,
             tokenizer=None if tokenizer is None else str(tokenizer), tokenizer_mode=tokenizer_mode,
             max_logprobs=max_logprobs, tensor_parallel_size=tensor_parallel_size,
-            scheduling_policy=scheduling_policy)
+            scheduling_policy=scheduling_policy, batch_invariant=batch_invariant)
         generation_dir = resolve_generation_config(generation_config, str(model))
         self._default_sampling = {} if generation_dir is None else sampling_defaults(generation_dir)
         self.engine = LLMEngine(config, model_config)

@@ -104,10 +104,12 @@ def test_prefix_caching_with_chunking_and_preemption(models):
     assert sum(t["num_preempted"] for t in llm.get_step_trace()) > 0
 
 
+@pytest.mark.parametrize("batch_invariant", [False, True], ids=["default", "batch-invariant"])
 @pytest.mark.parametrize("name", ["llama_gqa", "qwen2", "qwen3", "llama3_rope"])
-def test_prefill_and_first_decode_logits(models, name):
+def test_prefill_and_first_decode_logits(models, name, batch_invariant):
     path, model, _ = models[name]
-    llm = LLM(str(path), dtype="float32", device="cpu", attention_backend="torch")
+    llm = LLM(str(path), dtype="float32", device="cpu", attention_backend="torch",
+              batch_invariant=batch_invariant)
     engine = llm.engine
     prompts = PROMPTS[2:6]
     ids = [engine.add_request(p, GREEDY) for p in prompts]

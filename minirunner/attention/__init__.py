@@ -61,14 +61,19 @@ def make_backend(config, model_config) -> AttentionBackend:
     """The attention backend an engine's config chooses, for a model of ``model_config`` (the target's
     and the draft's alike, and the KV profiler's throwaway one): the one place it is constructed."""
     return backend_for(resolve_backend_name(config.attention_backend, config.device), model_config,
-                       config.block_size, config.device, config.dtype)
+                       config.block_size, config.device, config.dtype,
+                       getattr(config, "batch_invariant", False))
 
 
-def backend_for(name: str, model_config, block_size: int, device, dtype) -> AttentionBackend:
-    """Backend ``name`` for the heads of ``model_config`` (one rank's heads under tensor parallelism)."""
+def backend_for(name: str, model_config, block_size: int, device, dtype,
+                batch_invariant: bool = False) -> AttentionBackend:
+    """Backend ``name`` for the heads of ``model_config`` (one rank's heads under tensor parallelism);
+    ``batch_invariant``: the torch backend's batch-invariant form (attention/batch_invariant.py)."""
     mc = model_config
-    return get_backend_class(name)(mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5,
-                                   block_size, device, dtype)
+    cls = get_backend_class(name)
+    if batch_invariant:
+        from minirunner.attention.batch_invariant import BatchInvariantAttentionBackend as cls
+    return cls(mc.num_q_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5, block_size, device, dtype)
 
 
 __all__ = ["AttentionBackend", "AttentionMetadata", "BACKENDS", "backend_for", "get_backend_class",

@@ -56,6 +56,9 @@ class TPContext:
     world_size: int = 1
     group: object | None = None
     store: object | None = None
+    # batch-invariant mode: sums in rank order (all-gather, then add), never the backend's ring order,
+    # whose split of a tensor over the ranks depends on its size (model/batch_invariant.py)
+    fixed_order: bool = False
 
     def close(self) -> None:
         """Shut the process group down and drop it and its store (their sockets close now)."""
@@ -68,6 +71,13 @@ class TPContext:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over the ranks, in place; returns it (the row-parallel matmul's partial sums)."""
+        if self.world_size > 1 and self.fixed_order:
+            parts = [torch.empty_like(x) for _ in range(self.world_size)]
+            self.group.allgather([parts], [x.contiguous()]).wait()
+            total = parts[0]
+            for part in parts[1:]:
+                total += part
+            return x.copy_(total)
         if self.world_size > 1:
             self.group.allreduce([x]).wait()
         return x

@@ -18,6 +18,7 @@ import torch
 from minirunner.attention import AttentionMetadata, backend_for
 from minirunner.config import ModelConfig, parse_dtype
 from minirunner.distributed.group import TPContext
+from minirunner.model import batch_invariant as batch_invariant_mode
 from minirunner.model.decoder import DecoderLM
 from minirunner.model.loader import load_model
 from minirunner.model.tensor_parallel import load_sharded_model
@@ -75,12 +76,14 @@ def rank_device(tp: TPContext, device: str | torch.device) -> torch.device:
 
 
 def build_rank(tp: TPContext, model_dir: str, dtype, num_blocks: int, block_size: int,
-               attention_backend: str = "torch", device: str = "cpu", num_threads: int | None = None):
+               attention_backend: str = "torch", device: str = "cpu", num_threads: int | None = None,
+               batch_invariant: bool = False):
     """The engine's factory for ``WorkerGroup``: rank 0 (the driver) gets its shard model only (its
     ModelRunner owns the KV cache and samples); every other rank a :class:`ShardWorker`."""
     if tp.rank == 0:
         return load_shard(tp, model_dir, dtype, rank_device(tp, device))
-    return ShardWorker(tp, model_dir, dtype, num_blocks, block_size, attention_backend, device, num_threads)
+    return ShardWorker(tp, model_dir, dtype, num_blocks, block_size, attention_backend, device, num_threads,
+                       batch_invariant)
 
 
 class ShardWorker:
@@ -91,7 +94,8 @@ class ShardWorker:
     step (the same collectives in the same order); ``execute`` is both at once."""
 
     def __init__(self, tp: TPContext, model_dir: str, dtype, num_blocks: int, block_size: int,
-                 attention_backend: str = "torch", device: str = "cpu", num_threads: int | None = None):
+                 attention_backend: str = "torch", device: str = "cpu", num_threads: int | None = None,
+                 batch_invariant: bool = False):
         self.tp = tp
         if num_threads is not None:
             torch.set_num_threads(num_threads)
@@ -100,7 +104,10 @@ class ShardWorker:
         self.model = load_shard(tp, model_dir, dtype, self.device)
         cfg = self.model.config  # this rank's heads
         self.block_size = block_size
-        self.backend = backend_for(attention_backend, cfg, block_size, self.device, self.dtype)
+        if batch_invariant:
+            batch_invariant_mode.apply(self.model)
+        self.backend = backend_for(attention_backend, cfg, block_size, self.device, self.dtype,
+                                   batch_invariant)
         self.kv_caches = allocate_kv_caches(cfg, num_blocks, block_size, self.dtype, self.device)
         self.hidden: torch.Tensor | None = None  # the last forward's final hidden states
 

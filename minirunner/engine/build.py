@@ -10,6 +10,7 @@ built through the same ``make_backend`` and ``ModelRunner`` as the target. It ne
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from minirunner.engine.scheduler import Scheduler
 from minirunner.kv.block_table import cdiv
 from minirunner.kv.contiguous import ContiguousKVManager
 from minirunner.kv.manager import KVCacheManager
+from minirunner.model import batch_invariant
 from minirunner.model.decoder import DecoderLM
 from minirunner.model.loader import load_model
 from minirunner.model.tensor_parallel import local_config, plan_shards
@@ -33,6 +35,7 @@ from minirunner.worker.memory_profile import profile_kv_budget
 from minirunner.worker.model_runner import ModelRunner
 
 _DEFAULT_CPU_KV_BYTES = 1 << 30
+logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -65,9 +68,13 @@ def build_engine(config: EngineConfig, mc: ModelConfig) -> EngineParts:
                                   model, draft_bytes)
     group = None if tp == 1 else WorkerGroup(tp, config.device, build_rank, (
         config.model, config.dtype, num_blocks, config.block_size,
-        resolve_backend_name(config.attention_backend, config.device), config.device, num_threads))
+        resolve_backend_name(config.attention_backend, config.device), config.device, num_threads,
+        config.batch_invariant))
     if group is not None:
         model = group.local  # rank 0's shard
+    if config.batch_invariant:
+        batch_invariant.apply(model)
+        logger.info(batch_invariant.describe())
     backend = make_backend(config, model.config)
     if config.kv_layout == "paged":
         kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,

@@ -12,7 +12,7 @@ from torch import nn
 
 from minirunner.attention import AttentionBackend, AttentionMetadata
 from minirunner.config import ModelConfig
-from minirunner.model import cpu_linear
+from minirunner.model import batch_invariant, cpu_linear
 from minirunner.model.rope import RotaryEmbedding, apply_rotary
 
 
@@ -52,7 +52,7 @@ class FusedLinear:
     up to three copies of these weights, the price of the fastest kernel at each row count; a GPU keeps
     only [out, in] (cuBLAS takes either layout at the same speed)."""
 
-    __slots__ = ("weight", "weight_t", "bias", "packed", "out_features", "one_row_t")
+    __slots__ = ("weight", "weight_t", "bias", "packed", "out_features", "one_row_t", "invariant")
 
     def __init__(self, layers: list[nn.Linear]):
         self._set(torch.cat([m.weight.detach() for m in layers]).contiguous(), one_row_t=True)
@@ -83,8 +83,11 @@ class FusedLinear:
         self.packed = cpu_linear.pack(weight) if on_cpu and cpu_linear.packs(weight.dtype) else None
         # Plain flags and sizes for __call__, so torch.compile guards only the tensors a step reads.
         self.one_row_t = self.weight_t is not None
+        self.invariant = 0  # batch-invariant mode: the fewest rows a call takes (model/batch_invariant.py)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.invariant:
+            return batch_invariant.linear(x, self.packed, self.bias, self.out_features, self.invariant)
         if self.one_row_t and x.shape[0] == 1:
             return x @ self.weight_t if self.bias is None else torch.addmm(self.bias, x, self.weight_t)
         if self.packed is not None and x.shape[0] > 1:

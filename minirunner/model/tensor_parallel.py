@@ -106,9 +106,11 @@ class ParallelLMHead(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(rows, dim))
         self.vocab_size, self.tp = vocab_size, tp
+        self.project = None  # batch-invariant mode: its linear (model/batch_invariant.py)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_gather_last(F.linear(hidden, self.weight))[:, :self.vocab_size]
+        local = F.linear(hidden, self.weight) if self.project is None else self.project(hidden)
+        return self.tp.all_gather_last(local)[:, :self.vocab_size]
 
 
 class RowParallel:
