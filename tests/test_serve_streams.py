@@ -5,7 +5,6 @@ never reads its stream does not hold up anyone else's."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 
@@ -95,15 +94,8 @@ def test_concurrent_streams_with_spanning_stop_strings_equal_offline(server, llm
                 used = chunk.usage.completion_tokens
         return text, finish, stop, used
 
-    async def run_all():
-        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=300)
-        try:
-            return await asyncio.gather(*[one(client, r) for r in requests])
-        finally:
-            await client.close()
-
     before = server.metrics()
-    results = asyncio.run(run_all())
+    results = server.run_concurrently(one, requests)
     offline = _offline(llm, requests)
     expected = [(o.outputs[0].text, o.outputs[0].finish_reason, o.outputs[0].stop_reason,
                  len(o.outputs[0].token_ids)) for o in offline]
