@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import pytest
 
@@ -19,6 +20,7 @@ from minirunner import LLM, SamplingParams  # noqa: E402
 MODEL = "shakespeare"
 PROMPTS = ["ROMEO:", "JULIET:", "HAMLET:", "First Citizen:", "KING HENRY:", "Nurse:"]
 TOKENS = "vllm:generation_tokens_total"
+STOPPED = "vllm:request_success_total[('finished_reason', 'stop')]"
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +103,15 @@ def test_concurrent_streams_with_spanning_stop_strings_equal_offline(server, llm
                  len(o.outputs[0].token_ids)) for o in offline]
     assert all(e[1] == "stop" and isinstance(e[2], str) for e in expected)  # every stream met its string
     assert results == expected
+    # the engine hears of each stop string at its next step boundary: it finishes the request as stopped
+    # (not aborted) and frees its blocks
+    deadline = time.monotonic() + 60
+    while (m := server.metrics())["vllm:num_requests_running"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert m["vllm:num_requests_running"] == 0 and m["vllm:kv_cache_usage_perc"] == 0
+    assert m[STOPPED] - before[STOPPED] == len(requests)
     # the tokens the engine produced after a stop string, before it heard of it, are counted nowhere
-    assert server.metrics()[TOKENS] - before[TOKENS] == sum(e[3] for e in expected)
+    assert m[TOKENS] - before[TOKENS] == sum(e[3] for e in expected)
 
 
 def test_n_completions_and_logprobs_end_at_their_stop_strings_as_offline(server, llm):
