@@ -80,23 +80,28 @@ def build_request_output(group: list[Request]) -> RequestOutput:
         r.output_text = text
         completions.append(CompletionOutput(r.index, text, list(r.output_token_ids), r.finish_reason,
                                             r.stop_reason, r.logprobs, r.cumulative_logprob))
-    ttft = decode = e2e = None
-    if first.first_token_time is not None:
-        ttft = first.first_token_time - first.arrival_time
-    ends = [r.finish_time for r in group]
-    if None not in ends:
-        e2e = max(ends) - first.arrival_time
-        if first.first_token_time is not None:
-            decode = max(ends) - first.first_token_time
     return RequestOutput(
         request_id=first.group_id or first.request_id,
         prompt=first.prompt,
         prompt_token_ids=list(first.prompt_token_ids),
         outputs=completions,
         finished=all(r.is_finished for r in group),
-        metrics=RequestMetrics(ttft, decode, e2e, sum(r.num_preemptions for r in group),
-                               first.num_cached_tokens,
-                               None if first.spec_stats is None else first.spec_stats.as_dict()),
+        metrics=group_metrics(group, [r.finish_time for r in group]),
         prompt_logprobs=first.prompt_logprobs,
         num_cached_tokens=first.num_cached_tokens,
     )
+
+
+def group_metrics(group: list[Request], finish_times: list[float | None]) -> RequestMetrics:
+    """A request's RequestMetrics from its completions (group[0] computed the prompt) and the times each
+    completion finished (None: not yet)."""
+    first = group[0]
+    ttft = decode = e2e = None
+    if first.first_token_time is not None:
+        ttft = first.first_token_time - first.arrival_time
+    if None not in finish_times:
+        e2e = max(finish_times) - first.arrival_time
+        if first.first_token_time is not None:
+            decode = max(finish_times) - first.first_token_time
+    return RequestMetrics(ttft, decode, e2e, sum(r.num_preemptions for r in group), first.num_cached_tokens,
+                          None if first.spec_stats is None else first.spec_stats.as_dict())

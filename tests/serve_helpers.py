@@ -57,6 +57,22 @@ class Server:
                 out[s.name + (str(labels) if labels else "")] = s.value
         return out
 
+    def run_concurrently(self, one, requests: list) -> list:
+        """``await one(client, request)`` for every request at once, with one ``openai.AsyncOpenAI``
+        client; the results in order."""
+        import asyncio
+
+        import openai
+
+        async def run_all():
+            client = openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="x", max_retries=0, timeout=300)
+            try:
+                return await asyncio.gather(*[one(client, r) for r in requests])
+            finally:
+                await client.close()
+
+        return asyncio.run(run_all())
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)

@@ -3,7 +3,6 @@ client that drops its stream has its request aborted and its KV blocks freed (se
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
@@ -39,14 +38,7 @@ def test_24_concurrent_streams_each_equal_offline(server):
             finish = chunk.choices[0].finish_reason or finish
         return text, finish
 
-    async def run_all():
-        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=300)
-        try:
-            return await asyncio.gather(*[one(client, r) for r in requests])
-        finally:
-            await client.close()
-
-    results = asyncio.run(run_all())
+    results = server.run_concurrently(one, requests)
     llm = LLM(num_threads=1)
     params = [SamplingParams(**{k: v for k, v in r.items() if k != "prompt"}) for r in requests]
     offline = llm.generate([r["prompt"] for r in requests], params, use_tqdm=False)

@@ -70,6 +70,7 @@ class LLMEngine:
                                               lambda: self.num_kv_blocks, config.kv_layout == "paged",
                                               self.structured.compile)
         self.output_processor = OutputProcessor(self.tokenizer, self.kv)
+        self.detokenize = True  # False: stop strings and text are the caller's (the server's output thread)
         self.metrics = EngineMetrics.for_engine(config, parts.spec_config)  # the one set: get_metrics
         self.scheduler.metrics = self.metrics  # admissions are prefix-cache queries
         self.tracer = StepTracer(self.kv, self.scheduler, config.block_size, config.trace_block_tables)
@@ -109,7 +110,7 @@ class LLMEngine:
                          prompt=prompt.text, priority=priority,
                          group_id=request_id, index=i) for i, cid in enumerate(ids)]
         for request in group:
-            if self.tokenizer is not None and params.detokenize:
+            if self.tokenizer is not None and params.detokenize and self.detokenize:
                 request.detok = IncrementalDetokenizer(
                     self.tokenizer, params.skip_special_tokens, params.stop,
                     params.include_stop_str_in_output, params.min_tokens, token_ids)

@@ -80,7 +80,9 @@ class OutputProcessor:
 def check_stop(request: Request, token: int) -> bool:
     """vLLM's rules: before min_tokens only the length limit ends a request; EOS ends it with
     stop_reason None, a stop token id with the id (neither token's text is added unless
-    include_stop_str_in_output), a stop string with the string."""
+    include_stop_str_in_output), a stop string with the string. A request without a detokenizer (the
+    server's: ``LLMEngine.detokenize`` False) has its stop strings checked by its caller
+    (entrypoints/output_handler.py), which finishes it through ``async_llm.finish_by_stop_string``."""
     params = request.params
     detok = request.detok
     stop_string = None

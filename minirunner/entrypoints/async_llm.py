@@ -1,14 +1,17 @@
 """AsyncLLM: one LLMEngine shared by many concurrent callers (vLLM's name), for the OpenAI server.
 
-Owns the engine loop: one background thread alone calls the engine (add_request / abort / step), callers
-submit from any coroutine or thread and get each request's outputs, as produced, through its
-RequestOutputCollector (output_collector.py: deltas a slow caller has not taken yet are merged). Prompts
-are tokenised and validated before they reach that thread, in the TokenizerPool's threads.
+Owns the engine loop: one background thread alone calls the engine (add_request / abort / step) and hands
+out token ids; callers submit from any coroutine or thread and get each request's outputs, as produced,
+through its RequestOutputCollector (output_collector.py: deltas a slow caller has not taken yet are
+merged). Text stays off the engine thread: prompts are tokenised and validated before they reach it, in
+the TokenizerPool's threads, and outputs are detokenised and checked for stop strings after it, in the
+OutputHandler's thread (output_handler.py), which tells the engine when a stop string ends a request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import queue
 import threading
@@ -16,7 +19,8 @@ import uuid
 from collections.abc import AsyncIterator
 
 from minirunner.engine.engine import LLMEngine
-from minirunner.entrypoints.output_collector import DeltaOutput, RequestOutputCollector, wake
+from minirunner.entrypoints.output_collector import DeltaOutput, RequestOutputCollector
+from minirunner.entrypoints.output_handler import OutputHandler, StepRecord
 from minirunner.entrypoints.tokenizer_pool import TokenizerPool
 from minirunner.llm import LLM
 from minirunner.sampling_params import SamplingParams
@@ -39,9 +43,14 @@ class AsyncLLM:
         self.engine: LLMEngine = llm.engine
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._streams: dict[str, RequestOutputCollector] = {}  # touched by the engine thread only
+        # touched by the engine thread only: each live request's logprobs handed out, per completion
+        self._live: dict[str, dict[int, int]] = {}
         self._stopping = False
         self.tokenizers = TokenizerPool(self.engine.input_processor)
+        self.engine.detokenize = False  # text and stop strings are the output thread's
+        tokenizer = self.engine.tokenizer
+        self.outputs = OutputHandler(None if tokenizer is None else copy.deepcopy(tokenizer),
+                                     self._stopped_by_string)
         self._thread = threading.Thread(target=self._run, name="minirunner-engine", daemon=True)
         self._thread.start()
 
@@ -128,6 +137,7 @@ class AsyncLLM:
         if self._thread.is_alive():
             self._send(("stop",))
             self._thread.join(timeout)
+        self.outputs.shutdown(timeout)
         self.tokenizers.shutdown()
         self.llm.close()
 
@@ -136,6 +146,14 @@ class AsyncLLM:
             raise EngineDeadError("the engine loop has stopped; no request can be served")
         self._commands.put(command)
         self._wake.set()
+
+    def _stopped_by_string(self, request_id: str, stop_string: str, num_output_tokens: int) -> None:
+        """The output thread found a stop string: the engine finishes that completion at its next step
+        boundary."""
+        try:
+            self._send(("stop_string", request_id, stop_string, num_output_tokens))
+        except EngineDeadError:
+            pass
 
     # -- the engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -148,7 +166,7 @@ class AsyncLLM:
             else:
                 self._wake.wait()
         self._stopping = True
-        self._fail(list(self._streams), EngineDeadError("the server is shutting down; the request "
+        self._fail(list(self._live), EngineDeadError("the server is shutting down; the request "
                                                         "was aborted"))
         while not self._commands.empty():  # requests that raced the stop
             command = self._commands.get()
@@ -172,9 +190,17 @@ class AsyncLLM:
                 continue
             if command[0] == "abort":
                 rid = command[1]
-                if rid in self._streams:
+                if rid in self._live:
                     self.engine.abort_all([rid])
-                    del self._streams[rid]
+                    del self._live[rid]
+                self.outputs.forget(rid)
+                continue
+            if command[0] == "stop_string":
+                _, child, stop_string, num_output_tokens = command
+                group_id = finish_by_stop_string(self.engine, child, stop_string, num_output_tokens)
+                if group_id in self._live and self.engine.group_finished(group_id):
+                    self.engine.pop_finished(group_id)  # forgotten: the output thread made its output
+                    del self._live[group_id]
                 continue
             _, rid, prompt, params, collector, added = command
             try:
@@ -182,7 +208,8 @@ class AsyncLLM:
             except Exception as e:  # a refused request: only its caller hears of it
                 _set_result(added, e, collector.loop)
                 continue
-            self._streams[rid] = collector
+            self._live[rid] = {}
+            self.outputs.add(rid, collector, self.engine.groups[rid])
             _set_result(added, None, collector.loop)
         return True
 
@@ -192,45 +219,54 @@ class AsyncLLM:
             produced = engine.step()
         except Exception as e:
             # the step aborted the requests it was to run: their callers get the error
-            failed = [rid for rid in self._streams if engine.group_finished(rid)]
+            failed = [rid for rid in self._live if engine.group_finished(rid)]
             if not failed:  # nothing was attributed to a request: fail them all, never spin
-                failed = list(self._streams)
+                failed = list(self._live)
             logger.exception("engine step failed; aborting %d request(s)", len(failed))
             self._fail(failed, e)
             return
-        last = {request.group_id: i for i, (request, _) in enumerate(produced)}
-        waiting: dict[asyncio.AbstractEventLoop, list] = {}  # one wake-up per caller loop per step
-        for i, (request, new_tokens) in enumerate(produced):
-            gid = request.group_id
-            collector = self._streams.get(gid)
-            if collector is None:
+        records = []
+        for request, new_tokens in produced:
+            sent = self._live.get(request.group_id)
+            if sent is None:
                 continue
             logprobs = None
             if request.logprobs is not None:
-                sent = collector.sent_logprobs.get(request.index, 0)
-                logprobs = list(request.logprobs[sent:])
-                collector.sent_logprobs[request.index] = len(request.logprobs)
-            output = None
-            if last[gid] == i and engine.group_finished(gid):
-                output = engine.pop_finished(gid)
-                del self._streams[gid]
-            delta = DeltaOutput(request.index, list(new_tokens), engine.take_text_delta(request),
-                                request.is_finished, request.finish_reason, logprobs, output,
-                                request.stop_reason)
-            waiter = collector.put(delta)
-            if waiter is not None:
-                waiting.setdefault(collector.loop, []).append(waiter)
-        for loop, waiters in waiting.items():
-            wake(loop, waiters)
+                logprobs = request.logprobs[sent.get(request.index, 0):]
+                sent[request.index] = len(request.logprobs)
+            records.append(StepRecord(request.group_id, request.index, new_tokens, request.is_finished,
+                                      request.finish_reason, request.stop_reason, logprobs))
+        for gid in {r.group_id for r in records if r.finished}:
+            if engine.group_finished(gid):
+                engine.pop_finished(gid)  # forgotten: the output thread makes its output
+                del self._live[gid]
+        if records:
+            self.outputs.publish(records)
 
     def _fail(self, request_ids: list[str], error: BaseException) -> None:
         self.engine.abort_all(request_ids)
         for rid in request_ids:
-            collector = self._streams.pop(rid, None)
-            if collector is not None:
-                waiter = collector.put_error(error)
-                if waiter is not None:
-                    wake(collector.loop, [waiter])
+            self._live.pop(rid, None)
+        self.outputs.fail(request_ids, error)
+
+
+def finish_by_stop_string(engine: LLMEngine, request_id: str, stop_string: str,
+                          num_output_tokens: int) -> str | None:
+    """Finish one completion in which the output thread found ``stop_string`` after its first
+    ``num_output_tokens`` tokens, as the engine's own stop check would have: reason "stop", the tokens
+    it produced since dropped (and taken back from the token count), its blocks freed. Returns its group's
+    id (None if it is gone already)."""
+    request = engine.requests.get(request_id)
+    if request is None:
+        return None
+    if not request.is_finished:
+        dropped = max(0, len(request.output_token_ids) - num_output_tokens)
+        del request.output_token_ids[num_output_tokens:]
+        engine.free_request(request)
+        request.finish("stop", stop_string)
+        engine.metrics.record_finished(request, dropped)
+        engine.metrics.record_state(engine.scheduler, engine.block_pool)
+    return request.group_id
 
 
 def _set_result(future: asyncio.Future, error: BaseException | None,

@@ -175,9 +175,11 @@ class EngineMetrics:
                     self._finished(request)
             self._set_state(scheduler, pool)
 
-    def record_finished(self, request) -> None:
-        """A request finished outside a step (aborted)."""
+    def record_finished(self, request, num_dropped_tokens: int = 0) -> None:
+        """A request finished outside a step (aborted, or a stop string found outside the engine: the
+        ``num_dropped_tokens`` it produced after that string are taken back from the token count)."""
         with self._lock:
+            self._counters["vllm:generation_tokens"] -= num_dropped_tokens
             self._finished(request)
 
     def _finished(self, request) -> None:

@@ -62,6 +62,7 @@ def run_serve(args) -> int:
 
         from minirunner.entrypoints.async_llm import AsyncLLM
         from minirunner.entrypoints.openai.api_server import build_app
+        from minirunner.entrypoints.openai.sse import with_raw_send
     except ImportError as e:
         print(f"error: serve needs the serve extra ({e}): pip install 'minirunner[serve]'", file=sys.stderr)
         return 2
@@ -95,7 +96,8 @@ def run_serve(args) -> int:
                     args.body_timeout)
     open_files = set_ulimit()
     http = guarded_http_protocol(args.header_timeout) or "h11"
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+    config = uvicorn.Config(with_raw_send(app), host=args.host, port=args.port,
+                            log_level=args.uvicorn_log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout + ABORT_GRACE_S,
                             access_log=not args.disable_uvicorn_access_log, http=http,
                             limit_concurrency=max(1, min(args.max_connections, open_files - 64)),
