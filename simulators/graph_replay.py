@@ -19,7 +19,8 @@ import numpy as np
 from simulators.exercises import Verdict
 
 BUFFERS = ("input_ids", "positions", "slot_mapping", "seq_lens", "block_tables")
-__all__ = ["BUFFERS", "ToyGraph", "ToyWorld", "ReplayTask", "make_replay_task"]
+__all__ = ["BUFFERS", "ToyGraph", "ToyWorld", "ReplayTask", "make_replay_task", "observe", "compare"]
+LADDER = (2, 4, 8)
 
 
 class ToyGraph:
@@ -109,8 +110,10 @@ class ReplayTask:
 
     runner_rows: Callable = field(repr=False)
     cases: list = field(repr=False)
-    ladder: tuple[int, ...] = (2, 4, 8)
+    ladder: tuple[int, ...] = LADDER
     name: str = "replay_step"
+    # how a grader runs a student's function on one case without the reference (course_grading)
+    driver: str = "simulators.graph_replay:observe"
     hint: str = ("every row of the bucket is written before each replay, padding rows too (what does a "
                  "row that writes nothing and reads nothing hold?); write into the arrays in place — a "
                  "graph keeps the storage it was captured with, so a new array is never seen.")
@@ -160,6 +163,69 @@ class ReplayTask:
         total = sum(len(s) for s in self.cases)
         return Verdict(True, f"{self.name} agrees with the runner's buffer writes on all {total} steps of "
                              f"{len(self.cases)} runs")
+
+
+    def expected(self, steps: list) -> list[dict]:
+        """What ``observe`` records for the runner's own writes on one case (in the grader only)."""
+        def runner_step(graphs, buffers, ids, positions, tables, block_size):
+            bucket = self.ladder[bisect.bisect_left(self.ladder, len(ids))]
+            width = buffers["block_tables"].shape[1]
+            rows = self.runner_rows(ids, positions, tables, bucket, block_size, width)
+            for name in BUFFERS:
+                buffers[name][:bucket] = rows[name][:bucket]
+            return graphs[bucket].replay()[:len(ids)].copy()
+
+        return observe(runner_step, steps, self.ladder)
+
+    def same(self, got, want) -> bool:
+        return compare(got, want) is None
+
+
+def observe(fn: Callable, steps: list, ladder=LADDER) -> list[dict]:
+    """Run ``fn`` (a ``replay_step``) over one case's decode steps in a fresh toy world and record, per
+    step, the graphs it replayed, whether each buffer is still the captured storage, every buffer, the
+    KV pool and what it returned: plain lists, so a record can leave a student's kernel as text.
+    Holds no reference; ``compare`` says where two records differ."""
+    world = ToyWorld(tuple(ladder))
+    storage = {name: world.buffers[name] for name in BUFFERS}
+    records = []
+    for step in steps:
+        before = {b: g.replays for b, g in world.graphs.items()}
+        args = {k: [list(t) for t in v] if k == "tables" else list(v) for k, v in step.items()}
+        got = fn(graphs=world.graphs, buffers=world.buffers, block_size=world.block_size, **args)
+        records.append({
+            "batch": len(step["ids"]),
+            "replayed": [b for b, g in world.graphs.items() if g.replays != before[b]],
+            "new_arrays": [n for n in BUFFERS if world.buffers[n] is not storage[n]],
+            "buffers": {n: storage[n].tolist() for n in BUFFERS},
+            "kv": world.kv.tolist(), "out": np.asarray(got).tolist()})
+    return records
+
+
+def compare(got: list[dict], want: list[dict]) -> str | None:
+    """Where a student's records (``observe``) first differ from the runner's, or None. Buffer rows
+    are compared up to the bucket the runner replays: rows past it are never read."""
+    for s, (g, w) in enumerate(zip(got, want, strict=False)):
+        where = f"step {s} (batch {w['batch']})"
+        bucket = w["replayed"][0]
+        if g["replayed"] != w["replayed"]:
+            return (f"{where}: replayed the graph(s) for {g['replayed']} rows, expected one replay of "
+                    f"the {bucket}-row graph")
+        if g["new_arrays"]:
+            return (f"{where}: buffers[{g['new_arrays'][0]!r}] is a new array; the captured graph still "
+                    "reads the old one")
+        for n in BUFFERS:
+            if g["buffers"][n][:bucket] != w["buffers"][n][:bucket]:
+                return (f"{where}: {n} rows 0..{bucket - 1} are {g['buffers'][n][:bucket]}, the runner "
+                        f"writes {w['buffers'][n][:bucket]}")
+        if g["kv"] != w["kv"]:
+            diff = [i for i, (a, b) in enumerate(zip(g["kv"], w["kv"], strict=True)) if a != b]
+            return f"{where}: the KV pool differs at slots {diff[:8]}"
+        if g["out"] != w["out"]:
+            return f"{where}: returned {g['out']}, expected the real rows' outputs {w['out']}"
+    if len(got) != len(want):
+        return f"recorded {len(got)} steps, expected {len(want)}"
+    return None
 
 
 def make_replay_task(runner_rows: Callable, seed: int = 0, num_cases: int = 6,

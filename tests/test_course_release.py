@@ -3,7 +3,7 @@ property (per-student problems, committed wrong answers lose points, valid alter
 
 Runs scripts/course.py as an instructor does (real Jupyter kernels through nbclient). The slow test
 builds both releases and grades the master, the untouched student release, the mutants and the
-alternatives of tests/course_mutants/ for notebooks 01 and 03.
+alternatives of tests/course_mutants/ for every notebook in COVERED.
 """
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ import course_grading  # noqa: E402
 from simulators import block_exercises  # noqa: E402
 from simulators.classroom import student_seed, to_literal  # noqa: E402
 
-COVERED = {"01_virtual_memory": "nb01", "03_block_tables": "nb03"}
+COVERED = {"01_virtual_memory": "nb01", "02_kv_cache_memory": "nb02", "03_block_tables": "nb03",
+           "04_launch_overhead": "nb04", "05_cuda_graphs": "nb05"}
 STUDENT = "s000"
 # names of the reference implementations and of what builds the graded tasks: never in a student notebook
 REFERENCES = ("translate_ptes", "BlockTable", "runner_slot_mapping", "make_translate_task",
-              "slot_mapping_task")
+              "slot_mapping_task", "runner_blocks_needed", "blocks_needed_task", "make_step_time_task",
+              "make_floor_task", "runner_rows", "make_replay_task", "StepBuffers")
 
 
 def _mutants(stem: str):
@@ -87,6 +89,8 @@ def _wrong_answers(solution):
         return ["z", "page fault", "segfault", "fault", "mmmmmmmmmm", "a", "b", 0, 1]
     if isinstance(solution, int):
         return [solution + 1, solution - 1]
+    if isinstance(solution, float):
+        return [solution * 2 + 1, solution / 3]
     return [[int(x) + 1 for x in solution], (0, 0), (1, 1)]
 
 
@@ -96,9 +100,10 @@ def test_mutants_lose_and_alternatives_win_across_students(stem):
     can be right by coincidence on a problem that does not tell it apart), each valid one on none."""
     master, mod = _master(stem), _mutants(stem)
     ids = [f"s{i:03d}" for i in range(100)]
+    implements = {q.name for q in course_grading.questions(master) if q.kind == "implement"}
     for kind, table in (("mutant", mod.MUTANTS), ("alternative", mod.ALTERNATIVES)):
         for q, sources in table.items():
-            if q == "task":
+            if q in implements:
                 continue  # implement-its run through the grader (the slow test)
             exercises = {sid: course_grading.build(master, q, sid) for sid in ids}
             for k, src in enumerate(sources):
@@ -114,6 +119,69 @@ def test_mutants_lose_and_alternatives_win_across_students(stem):
                     assert full <= 25, f"{stem} {q} mutant {k} earns the point for {full} of 100 students"
                 else:
                     assert full == 100, f"{stem} {q} alternative {k} loses for {100 - full} students"
+
+
+def _outputs(task, fn) -> list[dict]:
+    """What the grader collects in the student's kernel, collected here: one output per case."""
+    out = []
+    for case in task.cases:
+        try:
+            if getattr(task, "driver", None):
+                module, attr = task.driver.split(":")
+                value = getattr(importlib.import_module(module), attr)(fn, case)
+            else:
+                value = fn(**case)
+            out.append({"value": to_literal(value)})
+        except Exception as e:
+            out.append({"error": f"{type(e).__name__}: {e}"})
+    return out
+
+
+@pytest.mark.parametrize("stem", sorted(COVERED))
+def test_implement_mutants_lose_and_alternatives_win_in_process(stem):
+    """Each implement-it, for 3 student ids, scored as the grader scores it (its cases, its comparison,
+    the names its master forbids): every mutant loses points, every alternative earns them all."""
+    import numpy as np
+    import torch
+
+    from simulators.launch import simulate
+
+    master, mod = _master(stem), _mutants(stem)
+    for q in (q for q in course_grading.questions(master) if q.kind == "implement"):
+        for sid in ("s000", "s001", "s002"):
+            task = course_grading.unwrap(course_grading.build(master, q.name, sid))
+            for kind, sources in (("mutant", mod.MUTANTS[q.name]), ("alternative", mod.ALTERNATIVES[q.name])):
+                for k, src in enumerate(sources):
+                    ns = {"torch": torch, "np": np, "simulate": simulate}
+                    exec(src, ns)
+                    got = course_grading.grade_implement(task, _outputs(task, ns[q.function]), q.points)
+                    submission = _replace(course.student_notebook(master, stem), {q.name: src})
+                    score = 0.0 if course_grading.bypasses(submission, master, q) else got["score"]
+                    if kind == "mutant":
+                        assert score < q.points, f"{stem} {q.name} mutant {k} ({sid}) kept its points: {got}"
+                    else:
+                        assert score == q.points, f"{stem} {q.name} alternative {k} ({sid}): {got}"
+
+
+def test_reading_the_answer_out_of_an_exercise_earns_nothing():
+    """A submission that asks an exercise object for its answer, in any cell, gets no point for it."""
+    master = _master("02_kv_cache_memory")
+    q = next(q for q in course_grading.questions(master) if q.name == "ex1")
+    student = course.student_notebook(master, "02_kv_cache_memory")
+    honest = _replace(student, {"ex1": "my_answer = 12"})
+    assert course_grading.bypasses(honest, master, q) == ""
+    for cheat in ("my_answer = ex1.solution()", "my_answer = ex1.exercise._solution",
+                  "my_answer = ex1.exercise._diagnose.__closure__[0].cell_contents"):
+        assert "exercise object" in course_grading.bypasses(_replace(student, {"ex1": cheat}), master, q)
+    elsewhere = copy.deepcopy(honest)
+    elsewhere.cells.append(nbformat.v4.new_code_cell("x = ex1.solution()"))
+    assert "exercise object" in course_grading.bypasses(elsewhere, master, q)
+    assert course_grading.bypasses(master, master, q) == ""  # the instructor's own master
+    for stem in COVERED:  # nothing a student release shows is read as a bypass
+        master = _master(stem)
+        student = course.student_notebook(master, stem)
+        assert all(course_grading.bypasses(student, master, q) == "" for q in course_grading.questions(master)
+                   if q.kind != "written")
 
 
 def _grade(release: Path, notebook: Path, sid: str = STUDENT) -> dict:
