@@ -163,6 +163,35 @@ def test_implement_mutants_lose_and_alternatives_win_in_process(stem):
                         assert score == q.points, f"{stem} {q.name} alternative {k} ({sid}): {got}"
 
 
+@pytest.mark.parametrize("stem", sorted(COVERED))
+def test_practice_checks_in_the_student_release_agree_with_the_grader(stem, tmp_path, monkeypatch):
+    """The student's own check (expected outputs as data, no reference) accepts every alternative and
+    rejects every mutant of each implement-it, with the hint only after that wrong attempt."""
+    import numpy as np
+    import torch
+
+    from simulators.classroom import PRACTICE_DIR, practice_task
+    from simulators.launch import simulate
+
+    master, mod = _master(stem), _mutants(stem)
+    (tmp_path / PRACTICE_DIR).mkdir()
+    (tmp_path / PRACTICE_DIR / f"{stem}.json").write_text(json.dumps(course.practice_data(master)))
+    for q in (q for q in course_grading.questions(master) if q.kind == "implement"):
+        task = practice_task(stem, q.name, tmp_path)
+        for kind, sources in (("mutant", mod.MUTANTS[q.name]), ("alternative", mod.ALTERNATIVES[q.name])):
+            for k, src in enumerate(sources):
+                if course_grading.bypasses(_replace(course.student_notebook(master, stem), {q.name: src}),
+                                           master, q):
+                    continue  # right, but uses a forbidden reference: only the grader says so
+                ns = {"torch": torch, "np": np, "simulate": simulate}
+                exec(src, ns)
+                verdict = task.check(ns[q.function])
+                if kind == "mutant":
+                    assert verdict.answered and not verdict.correct and "Hint:" in verdict.why, (q.name, k)
+                else:
+                    assert verdict.correct, (stem, q.name, k, verdict.why)
+
+
 def test_reading_the_answer_out_of_an_exercise_earns_nothing():
     """A submission that asks an exercise object for its answer, in any cell, gets no point for it."""
     master = _master("02_kv_cache_memory")
@@ -192,6 +221,8 @@ def _grade(release: Path, notebook: Path, sid: str = STUDENT) -> dict:
     results = json.loads(out.stdout)
     for t in results["tests"]:
         assert {"name", "score", "max_score", "output"} <= set(t)
+    print(f"graded {notebook.parent.name}/{notebook.name}: {results['score']:g} points in "
+          f"{results['execution_time']:.0f} s")
     return results
 
 
@@ -231,44 +262,46 @@ def test_gpu_question_is_not_graded_without_cuda(tmp_path):
 
 
 @pytest.mark.slow
-def test_releases_and_grading_end_to_end(tmp_path):
+@pytest.mark.parametrize("stem", sorted(COVERED))
+def test_releases_and_grading_end_to_end(tmp_path, stem):
+    """Per notebook: the master earns full marks, the blank release none, every mutant loses, every
+    alternative earns all. Prints one line per submission graded (score, seconds): run with -s."""
     subprocess.run([sys.executable, str(ROOT / "scripts" / "course.py"), "release", "--out", str(tmp_path)],
                    check=True, cwd=ROOT, capture_output=True, timeout=300)
     student_dir, autograder = tmp_path / "student", tmp_path / "autograder"
     assert (autograder / "autograder.zip").is_file()
     rubric = (autograder / "rubric.md").read_text()
-    for stem in COVERED:
-        master = _master(stem)
-        student = nbformat.read(student_dir / f"{stem}.ipynb", 4)
-        code = "\n".join(c.source for c in student.cells if c.cell_type == "code")
-        text = "\n".join(c.source for c in student.cells)
-        assert ".solution(" not in code and "SOLUTION" not in code
-        assert not [r for r in REFERENCES if r in code], "a reference implementation in the student release"
-        assert "Rubric" not in text and "Rubric" in rubric
-        assert course.scan_student(student, master) == []
-        written = [c for c in student.cells if course_grading.tag_args(c, "written")]
-        assert len(written) >= 2
+    master = _master(stem)
+    student = nbformat.read(student_dir / f"{stem}.ipynb", 4)
+    code = "\n".join(c.source for c in student.cells if c.cell_type == "code")
+    text = "\n".join(c.source for c in student.cells)
+    assert ".solution(" not in code and "SOLUTION" not in code
+    assert not [r for r in REFERENCES if r in code], "a reference implementation in the student release"
+    assert "Rubric" not in text and "Rubric" in rubric
+    assert course.scan_student(student, master) == []
+    written = [c for c in student.cells if course_grading.tag_args(c, "written")]
+    assert len(written) >= 2
 
-        qs = {q.name: q for q in course_grading.questions(master) if q.kind != "written"}
-        full = sum(q.points for q in qs.values())
-        m = _grade(tmp_path, ROOT / "notebooks" / f"{stem}.ipynb")
-        assert m["score"] == full, m
-        blank = _by_question(_grade(tmp_path, student_dir / f"{stem}.ipynb"), stem)
-        assert all(blank[n]["score"] == 0 for n in qs)
-        assert all("not implemented yet" in blank[n]["output"]
-                   for n, q in qs.items() if q.kind == "implement")
+    qs = {q.name: q for q in course_grading.questions(master) if q.kind != "written"}
+    full = sum(q.points for q in qs.values())
+    m = _grade(tmp_path, ROOT / "notebooks" / f"{stem}.ipynb")
+    assert m["score"] == full, m
+    blank = _by_question(_grade(tmp_path, student_dir / f"{stem}.ipynb"), stem)
+    assert all(blank[n]["score"] == 0 for n in qs)
+    assert all("not implemented yet" in blank[n]["output"]
+               for n, q in qs.items() if q.kind == "implement")
 
-        mod = _mutants(stem)
-        for k in range(max(len(v) for v in mod.MUTANTS.values())):
-            wrong = {q: v[k] for q, v in mod.MUTANTS.items() if k < len(v)}
-            got = _by_question(_grade(tmp_path, _write(tmp_path, _replace(student, wrong), f"m{k}")), stem)
-            for q in wrong:
-                assert got[q]["score"] < qs[q].points, f"{stem} mutant {k} of {q} kept its points: {got[q]}"
-        for j in range(2):
-            right = {q: v[j] for q, v in mod.ALTERNATIVES.items()}
-            got = _by_question(_grade(tmp_path, _write(tmp_path, _replace(student, right), f"a{j}")), stem)
-            for q in right:
-                assert got[q]["score"] == qs[q].points, f"{stem} alternative {j} of {q} lost points: {got[q]}"
+    mod = _mutants(stem)
+    for k in range(max(len(v) for v in mod.MUTANTS.values())):
+        wrong = {q: v[k] for q, v in mod.MUTANTS.items() if k < len(v)}
+        got = _by_question(_grade(tmp_path, _write(tmp_path, _replace(student, wrong), f"m{k}")), stem)
+        for q in wrong:
+            assert got[q]["score"] < qs[q].points, f"{stem} mutant {k} of {q} kept its points: {got[q]}"
+    for j in range(2):
+        right = {q: v[j] for q, v in mod.ALTERNATIVES.items()}
+        got = _by_question(_grade(tmp_path, _write(tmp_path, _replace(student, right), f"a{j}")), stem)
+        for q in right:
+            assert got[q]["score"] == qs[q].points, f"{stem} alternative {j} of {q} lost points: {got[q]}"
 
 
 def _write(folder: Path, nb, name: str) -> Path:

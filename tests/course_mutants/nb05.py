@@ -38,13 +38,14 @@ breaks = ("int(", ".any()", "max_blocks_now", "print(")
 right = "".join(c for c, line in sorted(lines.items()) if any(b in line for b in breaks))
 '''
 
-# a replay_step with knobs, each a known mistake when set (the notebook's solution with defaults)
-_REPLAY = '''def _replay(graphs, buffers, ids, positions, tables, block_size, pad_slot=-1, pad=True, in_place=True,
-            seq_offset=1, full_width=True, largest=False):
+# a replay_step with knobs, each a known mistake when set (the notebook's solution with defaults);
+# tests/test_graph_replay_exercise.py runs the same source
+REPLAY_SOURCE = '''def _replay(graphs, buffers, ids, positions, tables, block_size, pad_slot=-1, pad=True, in_place=True,
+            seq_offset=1, full_width=True, bucket_rule=None):
     import numpy as np
     sizes = sorted(graphs)
     n = len(ids)
-    bucket = sizes[-1] if largest else next(b for b in sizes if b >= n)
+    bucket = bucket_rule(n, sizes) if bucket_rule else next(b for b in sizes if b >= n)
     rows = {"input_ids": [0] * bucket, "positions": [0] * bucket, "slot_mapping": [pad_slot] * bucket,
             "seq_lens": [0] * bucket}
     table_rows = np.zeros((bucket, buffers["block_tables"].shape[1]), np.int32)
@@ -102,16 +103,17 @@ MUTANTS = {
         _PARSE_EX4 + 'my_answer = "".join(sorted(set(lines) - set(right)))',  # the complement
     ],
     "task": [
-        _REPLAY + "def replay_step(graphs, buffers, ids, positions, tables, block_size):  # stale padding rows\n"
+        REPLAY_SOURCE + "def replay_step(graphs, buffers, ids, positions, tables, block_size):  # stale padding rows\n"
                   "    return _replay(graphs, buffers, ids, positions, tables, block_size, pad=False)",
-        _REPLAY + "def replay_step(graphs, buffers, ids, positions, tables, block_size):  # pads with slot 0\n"
+        REPLAY_SOURCE + "def replay_step(graphs, buffers, ids, positions, tables, block_size):  # pads with slot 0\n"
                   "    return _replay(graphs, buffers, ids, positions, tables, block_size, pad_slot=0)",
-        _REPLAY + "def replay_step(graphs, buffers, ids, positions, tables, block_size):  # new arrays\n"
+        REPLAY_SOURCE + "def replay_step(graphs, buffers, ids, positions, tables, block_size):  # new arrays\n"
                   "    return _replay(graphs, buffers, ids, positions, tables, block_size, in_place=False)",
-        _REPLAY + "def replay_step(graphs, buffers, ids, positions, tables, block_size):  # seq_len = position\n"
+        REPLAY_SOURCE + "def replay_step(graphs, buffers, ids, positions, tables, block_size):  # seq_len = position\n"
                   "    return _replay(graphs, buffers, ids, positions, tables, block_size, seq_offset=0)",
-        _REPLAY + "def replay_step(graphs, buffers, ids, positions, tables, block_size):  # always the largest\n"
-                  "    return _replay(graphs, buffers, ids, positions, tables, block_size, largest=True)",
+        REPLAY_SOURCE + "def replay_step(graphs, buffers, ids, positions, tables, block_size):  # always the largest\n"
+                  "    return _replay(graphs, buffers, ids, positions, tables, block_size,\n"
+                         "                   bucket_rule=lambda n, sizes: sizes[-1])",
         # right, but has the runner's own StepBuffers write the rows: the reference, forbidden
         '''import numpy as np
 import torch
@@ -156,7 +158,7 @@ ALTERNATIVES = {
         _PARSE_EX4 + "my_answer = list(right.upper())",
     ],
     "task": [
-        _REPLAY + "def replay_step(graphs, buffers, ids, positions, tables, block_size):\n"
+        REPLAY_SOURCE + "def replay_step(graphs, buffers, ids, positions, tables, block_size):\n"
                   "    return _replay(graphs, buffers, ids, positions, tables, block_size)",
         # vectorised with numpy, rows written in one assignment per buffer
         '''import bisect
