@@ -128,7 +128,7 @@ def student_notebook(master, stem: str):
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
         if cell.cell_type == "code":
-            cell.source = split_source(cell.source)[0]
+            cell.source = split_source(cell.source)[0].lstrip("\n")  # no blank lines where a solution began
             cell.outputs, cell.execution_count = [], None
     nb.metadata.pop("widgets", None)
     nb.metadata["course"] = {"notebook": stem}

@@ -42,6 +42,12 @@ def test_accepts_the_rule(task):
     assert task.check(_solution).correct
 
 
+def test_grades_the_property_not_the_runners_rows(task):
+    """A valid choice the runner does not make: only a row's own table columns written (the columns past
+    its blocks are never read)."""
+    assert task.check(lambda **a: _solution(**a, full_width=False)).correct
+
+
 def test_a_stub_is_not_implemented_yet_without_the_method(task):
     def stub(graphs, buffers, ids, positions, tables, block_size):
         raise NotImplementedYet
@@ -56,7 +62,6 @@ def test_a_stub_is_not_implemented_yet_without_the_method(task):
     ("pads with slot 0", {"pad_slot": 0}, "slot_mapping"),
     ("rebinds the buffers", {"in_place": False}, "new array"),
     ("seq_len = position", {"seq_offset": 0}, "seq_lens"),
-    ("writes only the row's own table columns", {"full_width": False}, "block_tables"),
     ("always the largest graph", {"bucket_rule": lambda n, sizes: sizes[-1]}, "replayed"),
 ])
 def test_rejects_a_known_wrong_solution_and_then_hints(task, name, kw, says):
