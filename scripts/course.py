@@ -24,6 +24,15 @@ How a master marks what the releases do (cell tags; a cell can carry several):
   is assigned like an exercise; the grader rebuilds it for the student's id (so its cases are not the
   practice cases) and runs the student's function on its cases in the student's kernel; the reference
   runs in the grader only. The points (default 3) are shared over the cases.
+  A task with a ``driver`` (``"module:function"``, e.g. ``simulators.graph_replay:observe``) runs the
+  student's function as ``driver(function, case)`` in the student's kernel, for a function that acts on
+  a world rather than returning a value (notebook 05's replay into static buffers); the driver's
+  records are compared with ``task.expected(case)``, computed in the grader.
+- ``course:forbid:<name>`` on an answer or implement-it cell: a submission whose graded cell uses
+  ``<name>`` (the simulator or runner class that is the implement-it's reference) gets 0 for it, and
+  says why. Any code cell that reads an exercise's answer out of its object (``.solution()``,
+  ``._solution``, the checker's closure) voids the answers it names, the same way; cells identical to
+  the master's are the instructor's own run and pass.
 - ``course:written:<q>``: the markdown cell a student writes the answer to written question ``<q>`` in;
   the question is the markdown above it. Manual grading: the grader copies the answer into its output.
 - ``course:rubric:<q>:<points>``: the rubric of written question ``<q>``; in the autograder release
@@ -119,7 +128,7 @@ def student_notebook(master, stem: str):
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
         if cell.cell_type == "code":
-            cell.source = split_source(cell.source)[0]
+            cell.source = split_source(cell.source)[0].lstrip("\n")  # no blank lines where a solution began
             cell.outputs, cell.execution_count = [], None
     nb.metadata.pop("widgets", None)
     nb.metadata["course"] = {"notebook": stem}
@@ -165,7 +174,9 @@ def practice_data(master) -> dict:
             task = course_grading.unwrap(course_grading.build(master, task_name, PRACTICE_ID))
             tasks[task_name] = {
                 "name": task.name, "hint": task.hint, "cases": [to_literal(c) for c in task.cases],
-                "expected": [to_literal(task.reference(**c)) for c in task.cases]}
+                "expected": [to_literal(course_grading.expected_output(task, c)) for c in task.cases]}
+            if getattr(task, "driver", None):
+                tasks[task_name]["driver"] = task.driver
     return {"tasks": tasks}
 
 

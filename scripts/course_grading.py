@@ -142,10 +142,23 @@ def _capture_answer(name: str) -> str:
             f"    print({MARK!r}, repr({{'answer': {name!r}, 'error': repr(__course_e)}}))")
 
 
-def _run_cases(name: str, function: str, cases: list[dict]) -> str:
-    return (f"__course_out = []\nfor __course_case in {cases!r}:\n"
+def expected_output(task, case) -> Any:
+    """The reference's output on one case: ``task.expected(case)`` for a task run through a driver
+    (a function of the student's function and the case, e.g. ``simulators.graph_replay:observe``),
+    ``task.reference(**case)`` otherwise."""
+    return task.expected(case) if getattr(task, "driver", None) else task.reference(**case)
+
+
+def _run_cases(name: str, function: str, cases: list, driver: str | None = None) -> str:
+    if driver:
+        module, attr = driver.split(":")
+        head = f"from {module} import {attr} as __course_driver\n"
+        call = f"__course_driver({function}, __course_case)"
+    else:
+        head, call = "", f"{function}(**__course_case)"
+    return (f"{head}__course_out = []\nfor __course_case in {cases!r}:\n"
             f"    try:\n"
-            f"        __course_out.append({{'value': __course_literal({function}(**__course_case))}})\n"
+            f"        __course_out.append({{'value': __course_literal({call})}})\n"
             f"    except NotImplementedError:\n        __course_out.append({{'not_implemented': True}})\n"
             f"        break\n"
             f"    except Exception as __course_e:\n"
@@ -249,8 +262,9 @@ def grade(release: Path, path: Path, student_id: str | None, timeout: int = 120)
         for name in answers:
             cells.append(_cell(_capture_answer(name)))
         for name, function in implements:
-            cases = [dict(c) for c in unwrap(built[name]).cases]
-            cells.append(_cell(_run_cases(name, function, cases)))
+            task = unwrap(built[name])
+            cases = [c if getattr(task, "driver", None) else dict(c) for c in task.cases]
+            cells.append(_cell(_run_cases(name, function, cases, getattr(task, "driver", None))))
     run = copy.deepcopy(nb)
     run.cells = cells
     with tempfile.TemporaryDirectory() as tmp:
@@ -282,7 +296,11 @@ def grade(release: Path, path: Path, student_id: str | None, timeout: int = 120)
                 verdict = built[q.name].check(rec["value"])
                 entry.update(score=q.points if verdict.correct else 0.0, output=str(verdict))
         else:
-            entry.update(_grade_implement(unwrap(built[q.name]), got_outputs.get(q.name), q.points))
+            entry.update(grade_implement(unwrap(built[q.name]), got_outputs.get(q.name), q.points))
+        if q.kind != "written" and entry["score"]:
+            bypass = bypasses(nb, master, q)
+            if bypass:
+                entry.update(score=0.0, output=f"0 points: {bypass}. " + entry.get("output", ""))
         tests.append(entry)
     score = round(sum(t["score"] for t in tests), 2)
     elapsed = time.perf_counter() - t0
@@ -293,14 +311,41 @@ def grade(release: Path, path: Path, student_id: str | None, timeout: int = 120)
             "extra_data": {"notebook": stem, "student_id": sid, "seconds": round(elapsed, 1)}}
 
 
-def _grade_implement(task, outputs: list[dict] | None, points: float) -> dict:
+# what reads a reference answer out of an exercise object instead of computing it
+_REVEALS = re.compile(r"\.solution\s*\(|\b_solution\b|\.exercise\b|__closure__|\b_diagnose\b|\.reference\b")
+
+
+def bypasses(nb, master, q: Question) -> str:
+    """Why a submission's answer to ``q`` does not count (empty when nothing says so): a code cell of
+    the submission that asks an exercise object for its answer (``.solution()``, ``._solution``, the
+    checker's closure), or, in the graded cell, a name its master cell forbids
+    (``course:forbid:<name>``, e.g. the simulator an implement-it asks the student to rewrite). Cells
+    identical to one of the master's are the instructor's own and pass."""
+    kind = "answer" if q.kind == "answer" else "implement"
+    forbidden = {a[0] for a in tag_args(master.cells[q.cell], "forbid") if a}
+    own = {c.source for c in master.cells if c.cell_type == "code"}  # the instructor's own run
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or cell.metadata.get("course_grader") or cell.source in own:
+            continue
+        found = _REVEALS.search(cell.source)
+        if found and (re.search(rf"\b{re.escape(q.name)}\b", cell.source) or
+                      any(a and a[0] == q.name for a in tag_args(cell, kind))):
+            return f"cell {i} reads the answer out of an exercise object ({found.group(0).strip()!r})"
+        if any(a and a[0] == q.name for a in tag_args(cell, kind)):
+            used = sorted(forbidden & set(re.findall(r"[A-Za-z_]\w*", cell.source)))
+            if used:
+                return f"the graded cell uses {used}, which computes the answer: write it yourself"
+    return ""
+
+
+def grade_implement(task, outputs: list[dict] | None, points: float) -> dict:
     if outputs is None:
         return {"output": "its cell did not run to the end"}
     if outputs and outputs[0].get("not_implemented"):
         return {"output": f"{task.name}: not implemented yet"}
     right, first_wrong = 0, ""
     for i, (case, out) in enumerate(zip(task.cases, outputs, strict=False)):
-        expected = task.reference(**case)
+        expected = expected_output(task, case)
         if "error" in out:
             ok, got = False, f"raised {out['error']}"
         else:
@@ -311,7 +356,8 @@ def _grade_implement(task, outputs: list[dict] | None, points: float) -> dict:
             got = _short(out["value"])
         right += ok
         if not ok and not first_wrong:
-            args = ", ".join(f"{k}={_short(v, 60)}" for k, v in case.items())
+            args = (", ".join(f"{k}={_short(v, 60)}" for k, v in case.items()) if isinstance(case, dict)
+                    else _short(case, 120))
             first_wrong = f" First wrong: case {i} ({args}): got {got}, expected {_short(expected)}."
     total = len(task.cases)
     return {"score": round(points * right / total, 2),

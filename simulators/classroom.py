@@ -9,11 +9,15 @@ implementation). It never holds a solution; the grading itself lives in ``script
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simulators.exercises import ImplementIt
+from simulators.exercises import ImplementIt, Verdict
 from simulators.hinted_exercises import HintedTask
 
 # where the student release keeps the practice cases of its implement-its, beside the notebooks
@@ -47,6 +51,22 @@ def to_literal(value: Any) -> Any:
     return repr(value)
 
 
+def close(got: Any, want: Any, rel: float = 1e-6) -> bool:
+    """Whether two plain values are equal, floats to ``rel`` (relative, or absolute near 0): a float
+    computed in another order differs in its last bits. Ints, strings and shapes compare exactly."""
+    if isinstance(got, bool) or isinstance(want, bool):
+        return got == want
+    if isinstance(got, (int, float)) and isinstance(want, (int, float)):
+        if isinstance(got, int) and isinstance(want, int):
+            return got == want
+        return math.isclose(got, want, rel_tol=rel, abs_tol=rel)
+    if isinstance(got, list) and isinstance(want, list):
+        return len(got) == len(want) and all(close(g, w, rel) for g, w in zip(got, want, strict=True))
+    if isinstance(got, dict) and isinstance(want, dict):
+        return got.keys() == want.keys() and all(close(got[k], want[k], rel) for k in got)
+    return got == want
+
+
 def practice_task(notebook: str, task: str, folder: str | Path = ".") -> HintedTask:
     """The implement-it ``task`` of ``notebook`` in the student release: the same cases for every
     student, with the expected outputs as data (``course_data/<notebook>.json``). The hint comes after
@@ -59,10 +79,50 @@ def practice_task(notebook: str, task: str, folder: str | Path = ".") -> HintedT
     expected = {json.dumps(case, sort_keys=True): out for case, out in zip(spec["cases"], spec["expected"],
                                                                            strict=True)}
 
+    if spec.get("driver"):
+        return HintedTask(DrivenPractice(spec["name"], spec["driver"], spec["cases"], spec["expected"],
+                                         spec["hint"]))
+
     def reference(**case):
         return expected[json.dumps(case, sort_keys=True)]
 
     def same(got, want) -> bool:  # through JSON, as the expected outputs were stored: tuples are lists
-        return json.loads(json.dumps(to_literal(got))) == want
+        return close(json.loads(json.dumps(to_literal(got))), want)
 
     return HintedTask(ImplementIt(spec["name"], reference, spec["cases"], same=same, hint=spec["hint"]))
+
+
+def _import(path: str) -> Any:
+    module, attr = path.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass
+class DrivenPractice:
+    """A practice implement-it whose cases run through a driver (``"module:function"``, called as
+    ``driver(fn, case)``: e.g. a toy world the student's function writes into) and whose expected
+    records are data. The driver's module may define ``compare(got, want) -> str | None``, which says
+    where a record differs; otherwise records are compared as JSON."""
+
+    name: str
+    driver: str
+    cases: list
+    expected: list
+    hint: str
+
+    def check(self, fn: Callable[..., Any]) -> Verdict:
+        drive = _import(self.driver)
+        module = importlib.import_module(self.driver.split(":")[0])
+        compare = getattr(module, "compare", None)
+        for i, (case, want) in enumerate(zip(self.cases, self.expected, strict=True)):
+            try:
+                got = json.loads(json.dumps(to_literal(drive(fn, case))))
+            except NotImplementedError:
+                return Verdict(False, f"{self.name}: {self.hint}", answered=False,
+                               pending="not implemented yet")
+            except Exception as e:  # a student's bug is a verdict, not a crash of the notebook
+                return Verdict(False, f"case {i} raised {type(e).__name__}: {e}")
+            wrong = compare(got, want) if compare else (None if got == want else "the records differ")
+            if wrong:
+                return Verdict(False, f"case {i}, {wrong}")
+        return Verdict(True, f"{self.name} agrees with the runner on all {len(self.cases)} practice cases")

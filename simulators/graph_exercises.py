@@ -69,7 +69,7 @@ def make_capture_exercise(seed: int) -> Exercise:
     def diagnose(answer) -> Verdict:
         picked = _letters(answer)
         if picked is None or not picked or not picked <= set(options):
-            return Verdict(False, f"answer with letters from {''.join(options)}")
+            return Verdict(False, f"answer with letters from {''.join(options)}", attempt=False)
         want = set(solution)
         if picked == want:
             return Verdict(True, "; ".join(f"({c}) {options[c][2]}" for c in sorted(want)))
@@ -132,7 +132,7 @@ def make_padding_row_exercise(seed: int) -> Exercise:
     def diagnose(answer) -> Verdict:
         choice = parse_choice(answer, options)
         if choice is None:
-            return Verdict(False, f"answer one letter of {''.join(options)}")
+            return Verdict(False, f"answer one letter of {''.join(options)}", attempt=False)
         ok, why = options[choice][1], options[choice][2]
         return Verdict(ok, why)
 
@@ -184,7 +184,7 @@ def make_ladder_exercise(seed: int) -> Exercise:
     def diagnose(answer) -> Verdict:
         choice = parse_choice(answer, ladders)
         if choice is None:
-            return Verdict(False, 'answer "a", "b" or "c"')
+            return Verdict(False, 'answer "a", "b" or "c"', attempt=False)
         detail = ", ".join(f"{k}: {cost[k]:.2f} rows" for k in sorted(cost))
         if choice == best:
             return Verdict(True, f"expected padding rows per step: {detail}. Rungs at the sizes that "

@@ -19,7 +19,8 @@ import numpy as np
 from simulators.exercises import Verdict
 
 BUFFERS = ("input_ids", "positions", "slot_mapping", "seq_lens", "block_tables")
-__all__ = ["BUFFERS", "ToyGraph", "ToyWorld", "ReplayTask", "make_replay_task"]
+__all__ = ["BUFFERS", "ToyGraph", "ToyWorld", "ReplayTask", "make_replay_task", "observe", "compare"]
+LADDER = (2, 4, 8)
 
 
 class ToyGraph:
@@ -104,62 +105,111 @@ class ReplayTask:
     step's rows into the static buffers, replays the right graph and returns the real rows' outputs.
     ``check(fn)`` runs seeded sequences of steps in two toy worlds, one filled by ``fn`` and one by the
     runner's rows (``runner_rows(ids, positions, tables, bucket, block_size, width) -> {buffer: rows}``),
-    and after each step compares the graph replayed, every buffer row of the bucket, the KV pool and the
-    outputs."""
+    and after each step compares what ``compare`` grades: the graph replayed, the captured storage kept,
+    the KV pool and the real rows' outputs (the property, not the runner's convention for rows nobody
+    reads)."""
 
     runner_rows: Callable = field(repr=False)
     cases: list = field(repr=False)
-    ladder: tuple[int, ...] = (2, 4, 8)
+    ladder: tuple[int, ...] = LADDER
     name: str = "replay_step"
+    # how a grader runs a student's function on one case without the reference (course_grading)
+    driver: str = "simulators.graph_replay:observe"
     hint: str = ("every row of the bucket is written before each replay, padding rows too (what does a "
                  "row that writes nothing and reads nothing hold?); write into the arrays in place — a "
                  "graph keeps the storage it was captured with, so a new array is never seen.")
 
-    def _reference(self, world: ToyWorld, ids, positions, tables, block_size):
-        bucket = self.ladder[bisect.bisect_left(self.ladder, len(ids))]
-        rows = self.runner_rows(ids, positions, tables, bucket, block_size, world.width)
-        for name in BUFFERS:
-            world.buffers[name][:bucket] = rows[name][:bucket]
-        return bucket, world.graphs[bucket].replay()[:len(ids)].copy()
-
     def check(self, fn: Callable) -> Verdict:
         for c, steps in enumerate(self.cases):
-            mine, ref = ToyWorld(self.ladder), ToyWorld(self.ladder)
-            bufs = {name: mine.buffers[name] for name in BUFFERS}  # the storage the graphs hold
-            for s, step in enumerate(steps):
-                n = len(step["ids"])
-                bucket, want = self._reference(ref, block_size=ref.block_size, **step)
-                before = {b: g.replays for b, g in mine.graphs.items()}
-                args = {k: [list(t) for t in v] if k == "tables" else list(v) for k, v in step.items()}
-                try:
-                    got = fn(graphs=mine.graphs, buffers=mine.buffers, block_size=mine.block_size, **args)
-                except NotImplementedError:
-                    return Verdict(False, f"{self.name}: {self.hint}", answered=False,
-                                   pending="not implemented yet")
-                except Exception as e:  # a student's bug is a verdict, not a crash of the notebook
-                    return Verdict(False, f"case {c}, step {s} (batch {n}) raised {type(e).__name__}: {e}")
-                where = f"case {c}, step {s} (batch {n}, ladder {list(self.ladder)})"
-                replayed = [b for b, g in mine.graphs.items() if g.replays != before[b]]
-                if replayed != [bucket]:
-                    return Verdict(False, f"{where}: replayed the graph(s) for {replayed} rows, expected one "
-                                          f"replay of the {bucket}-row graph")
-                for name in BUFFERS:
-                    if mine.buffers[name] is not bufs[name]:
-                        return Verdict(False, f"{where}: buffers[{name!r}] is a new array; the captured "
-                                              "graph still reads the old one")
-                    if not np.array_equal(bufs[name][:bucket], ref.buffers[name][:bucket]):
-                        return Verdict(False, f"{where}: {name} rows 0..{bucket - 1} are "
-                                              f"{bufs[name][:bucket].tolist()}, the runner writes "
-                                              f"{ref.buffers[name][:bucket].tolist()}")
-                if not np.array_equal(mine.kv, ref.kv):
-                    changed = np.flatnonzero(mine.kv != ref.kv).tolist()
-                    return Verdict(False, f"{where}: the KV pool differs at slots {changed[:8]}")
-                if list(np.asarray(got).tolist()) != want.tolist():
-                    return Verdict(False, f"{where}: returned {np.asarray(got).tolist()}, expected the "
-                                          f"real rows' outputs {want.tolist()}")
+            try:
+                got = observe(fn, steps, self.ladder)
+            except NotImplementedError:
+                return Verdict(False, f"{self.name}: {self.hint}", answered=False,
+                               pending="not implemented yet")
+            except Exception as e:  # a student's bug is a verdict, not a crash of the notebook
+                return Verdict(False, f"case {c} raised {type(e).__name__}: {e}")
+            wrong = compare(got, self.expected(steps))
+            if wrong:
+                return Verdict(False, f"case {c}, {wrong} (ladder {list(self.ladder)})")
         total = sum(len(s) for s in self.cases)
-        return Verdict(True, f"{self.name} agrees with the runner's buffer writes on all {total} steps of "
+        return Verdict(True, f"{self.name} agrees with the runner on all {total} steps of "
                              f"{len(self.cases)} runs")
+
+    def expected(self, steps: list) -> list[dict]:
+        """What ``observe`` records for the runner's own writes on one case (in the grader only)."""
+        def runner_step(graphs, buffers, ids, positions, tables, block_size):
+            bucket = self.ladder[bisect.bisect_left(self.ladder, len(ids))]
+            width = buffers["block_tables"].shape[1]
+            rows = self.runner_rows(ids, positions, tables, bucket, block_size, width)
+            for name in BUFFERS:
+                buffers[name][:bucket] = rows[name][:bucket]
+            return graphs[bucket].replay()[:len(ids)].copy()
+
+        return observe(runner_step, steps, self.ladder)
+
+    def same(self, got, want) -> bool:
+        return compare(got, want) is None
+
+
+def observe(fn: Callable, steps: list, ladder=LADDER) -> list[dict]:
+    """Run ``fn`` (a ``replay_step``) over one case's decode steps in a fresh toy world and record, per
+    step, the graphs it replayed, whether each buffer is still the captured storage, every buffer, the
+    KV pool and what it returned: plain lists, so a record can leave a student's kernel as text.
+    Holds no reference; ``compare`` says where two records differ."""
+    world = ToyWorld(tuple(ladder))
+    storage = {name: world.buffers[name] for name in BUFFERS}
+    records = []
+    for step in steps:
+        before = {b: g.replays for b, g in world.graphs.items()}
+        args = {k: [list(t) for t in v] if k == "tables" else list(v) for k, v in step.items()}
+        got = fn(graphs=world.graphs, buffers=world.buffers, block_size=world.block_size, **args)
+        records.append({
+            "batch": len(step["ids"]),
+            "replayed": [b for b, g in world.graphs.items() if g.replays != before[b]],
+            "new_arrays": [n for n in BUFFERS if world.buffers[n] is not storage[n]],
+            "buffers": {n: storage[n].tolist() for n in BUFFERS},
+            "kv": world.kv.tolist(), "out": np.asarray(got).tolist()})
+    return records
+
+
+def compare(got: list[dict], want: list[dict]) -> str | None:
+    """Where a student's records (``observe``) first differ from the runner's, or None. It grades the
+    property, not the runner's convention: the graph replayed, the captured storage kept, no padding
+    row writing a KV slot (in a real pool that slot may be a live request's), the KV pool and the real
+    rows' outputs must agree; buffer rows may hold anything that changes none of these (a padding
+    row's token id, a table's columns past the row's blocks). When the pool or the outputs
+    differ, the first buffer whose rows differ from the runner's is named as the likely cause."""
+    for s, (g, w) in enumerate(zip(got, want, strict=False)):
+        where = f"step {s} (batch {w['batch']})"
+        bucket = w["replayed"][0]
+        if g["replayed"] != w["replayed"]:
+            return (f"{where}: replayed the graph(s) for {g['replayed']} rows, expected one replay of "
+                    f"the {bucket}-row graph")
+        if g["new_arrays"]:
+            return (f"{where}: buffers[{g['new_arrays'][0]!r}] is a new array; the captured graph still "
+                    "reads the old one")
+        padding = g["buffers"]["slot_mapping"][w["batch"]:bucket]
+        writing = {r: slot for r, slot in enumerate(padding, w["batch"]) if slot >= 0}
+        if writing:
+            return (f"{where}: padding rows {sorted(writing)} have slot_mapping {list(writing.values())}; a "
+                    "padding row must write no KV: the slot may belong to a live request")
+        if g["kv"] != w["kv"]:
+            diff = [i for i, (a, b) in enumerate(zip(g["kv"], w["kv"], strict=True)) if a != b]
+            return f"{where}: the KV pool differs at slots {diff[:8]}{_cause(g, w, bucket)}"
+        if g["out"] != w["out"]:
+            return (f"{where}: returned {g['out']}, expected the real rows' outputs {w['out']}"
+                    f"{_cause(g, w, bucket)}")
+    if len(got) != len(want):
+        return f"recorded {len(got)} steps, expected {len(want)}"
+    return None
+
+
+def _cause(g: dict, w: dict, bucket: int) -> str:
+    for n in BUFFERS:
+        if g["buffers"][n][:bucket] != w["buffers"][n][:bucket]:
+            return (f" ({n} rows 0..{bucket - 1} are {g['buffers'][n][:bucket]}, the runner writes "
+                    f"{w['buffers'][n][:bucket]})")
+    return ""
 
 
 def make_replay_task(runner_rows: Callable, seed: int = 0, num_cases: int = 6,

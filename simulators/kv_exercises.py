@@ -47,7 +47,7 @@ def make_exercise(seed: int, dtype: str | None = None) -> Exercise:
     def diagnose(answer) -> Verdict:
         value = parse_int(answer)
         if value is None or value <= 0:
-            return Verdict(False, "answer with a positive int number of bytes.")
+            return Verdict(False, "answer with a positive int number of bytes.", attempt=False)
         if value == solution:
             return Verdict(True, f"2 x {layers} layers x {kv_heads} KV heads x {head_dim} x "
                                  f"{shape.bytes_per_element} bytes ({name}).")
@@ -83,7 +83,7 @@ def make_fit_exercise(seed: int) -> Exercise:
     def diagnose(answer) -> Verdict:
         value = parse_int(answer)
         if value is None or value < 0:
-            return Verdict(False, "answer with a non-negative int.")
+            return Verdict(False, "answer with a non-negative int.", attempt=False)
         if value == solution:
             left = slots - solution * max_len
             return Verdict(True, f"{slots:,d} slots // {max_len} = {solution}; the {left} slots left "

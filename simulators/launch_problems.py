@@ -67,7 +67,7 @@ def make_step_exercise(seed: int) -> Exercise:
     def diagnose(answer) -> Verdict:
         value = parse_float(answer)
         if value is None:
-            return Verdict(False, "answer with a number of microseconds")
+            return Verdict(False, "answer with a number of microseconds", attempt=False)
         if abs(value - eager.step_us) < 0.5:
             return Verdict(True, f"the step is {eager.bound}-bound: the device is idle "
                                  f"{100 * eager.device_idle_fraction:.0f}% of the step.")
@@ -96,7 +96,7 @@ def make_graph_exercise(seed: int) -> Exercise:
     def diagnose(answer) -> Verdict:
         value = parse_float(answer)
         if value is None:
-            return Verdict(False, "answer with a number of microseconds")
+            return Verdict(False, "answer with a number of microseconds", attempt=False)
         if abs(value - saving) < 0.5:
             return Verdict(True, "a graph removes the gaps the device spent waiting for launches; "
                                  "a device-bound step saves little.")
@@ -120,7 +120,7 @@ def make_bucket_exercise(seed: int) -> Exercise:
         try:
             got_bucket, got_pad = (int(x) for x in answer)
         except (TypeError, ValueError):
-            return Verdict(False, "answer with two ints: (bucket, padded_rows)")
+            return Verdict(False, "answer with two ints: (bucket, padded_rows)", attempt=False)
         if (got_bucket, got_pad) == (bucket, bucket - p.batch_size):
             return Verdict(True, f"the smallest captured size >= {p.batch_size} is {bucket}.")
         if got_bucket not in p.ladder:
@@ -153,7 +153,7 @@ def make_remedy_exercise(seed: int) -> Exercise:
     def diagnose(answer) -> Verdict:
         choice = parse_choice(answer, options)
         if choice is None:
-            return Verdict(False, 'answer "a", "b" or "c"')
+            return Verdict(False, 'answer "a", "b" or "c"', attempt=False)
         detail = ", ".join(f"{k}: {options[k]:g} µs" for k in sorted(options))
         if options[choice] == options[best]:
             return Verdict(True, f"{what[choice]} gives the shortest step ({detail}).")

@@ -130,7 +130,7 @@ def make_floor_exercise(seed: int) -> Exercise:
     def diagnose(a) -> Verdict:
         v = parse_float(a)
         if v is None:
-            return Verdict(False, "answer with a number of microseconds")
+            return Verdict(False, "answer with a number of microseconds", attempt=False)
         if abs(v - answer) <= 0.01 * answer:
             return Verdict(True, f"{weights / 1e9:.2f} GB of weights + {kv_total / 1e9:.2f} GB of KV, "
                                  f"over the bandwidth: {answer:.0f} µs")
@@ -216,7 +216,7 @@ def make_saturation_exercise(seed: int) -> Exercise:
     def diagnose(a) -> Verdict:
         c = parse_choice(a, options)
         if c is None:
-            return Verdict(False, f"answer one letter of {''.join(options)}")
+            return Verdict(False, f"answer one letter of {''.join(options)}", attempt=False)
         return Verdict(c == solution, why[options[c]])
 
     return Exercise(seed, question, solution, diagnose,

@@ -139,8 +139,11 @@ def test_hints_come_only_after_a_wrong_attempt(seed):
         ex = hinted(raw)
         pending = ex.check(None)
         assert not pending.answered and raw.hint not in str(pending) and "wrong:" not in str(pending)
-        wrong = next(c for c in ("a", "b", "c", "d", "abcde", 1e9) if not raw.check(c).correct)
+        wrong = next(c for c in ("a", "b", "c", "d", "abcde", 1e9)
+                     if raw.check(c).attempt and not raw.check(c).correct)
         verdict = ex.check(wrong)
+        wrong_form = "a" if isinstance(raw.solution(), float) else "?"
+        assert not ex.check(wrong_form).answered  # an answer of the wrong form gets no hint
         assert verdict.answered and not verdict.correct and f"Hint: {raw.hint}" in verdict.why
         assert ex.check(raw.solution()).correct
 

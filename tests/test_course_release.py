@@ -3,7 +3,7 @@ property (per-student problems, committed wrong answers lose points, valid alter
 
 Runs scripts/course.py as an instructor does (real Jupyter kernels through nbclient). The slow test
 builds both releases and grades the master, the untouched student release, the mutants and the
-alternatives of tests/course_mutants/ for notebooks 01 and 03.
+alternatives of tests/course_mutants/ for every notebook in COVERED.
 """
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ import course_grading  # noqa: E402
 from simulators import block_exercises  # noqa: E402
 from simulators.classroom import student_seed, to_literal  # noqa: E402
 
-COVERED = {"01_virtual_memory": "nb01", "03_block_tables": "nb03"}
+COVERED = {"01_virtual_memory": "nb01", "02_kv_cache_memory": "nb02", "03_block_tables": "nb03",
+           "04_launch_overhead": "nb04", "05_cuda_graphs": "nb05"}
 STUDENT = "s000"
 # names of the reference implementations and of what builds the graded tasks: never in a student notebook
 REFERENCES = ("translate_ptes", "BlockTable", "runner_slot_mapping", "make_translate_task",
-              "slot_mapping_task")
+              "slot_mapping_task", "runner_blocks_needed", "blocks_needed_task", "make_step_time_task",
+              "make_floor_task", "runner_rows", "make_replay_task", "StepBuffers")
 
 
 def _mutants(stem: str):
@@ -87,6 +89,8 @@ def _wrong_answers(solution):
         return ["z", "page fault", "segfault", "fault", "mmmmmmmmmm", "a", "b", 0, 1]
     if isinstance(solution, int):
         return [solution + 1, solution - 1]
+    if isinstance(solution, float):
+        return [solution * 2 + 1, solution / 3]
     return [[int(x) + 1 for x in solution], (0, 0), (1, 1)]
 
 
@@ -96,9 +100,10 @@ def test_mutants_lose_and_alternatives_win_across_students(stem):
     can be right by coincidence on a problem that does not tell it apart), each valid one on none."""
     master, mod = _master(stem), _mutants(stem)
     ids = [f"s{i:03d}" for i in range(100)]
+    implements = {q.name for q in course_grading.questions(master) if q.kind == "implement"}
     for kind, table in (("mutant", mod.MUTANTS), ("alternative", mod.ALTERNATIVES)):
         for q, sources in table.items():
-            if q == "task":
+            if q in implements:
                 continue  # implement-its run through the grader (the slow test)
             exercises = {sid: course_grading.build(master, q, sid) for sid in ids}
             for k, src in enumerate(sources):
@@ -116,6 +121,98 @@ def test_mutants_lose_and_alternatives_win_across_students(stem):
                     assert full == 100, f"{stem} {q} alternative {k} loses for {100 - full} students"
 
 
+def _outputs(task, fn) -> list[dict]:
+    """What the grader collects in the student's kernel, collected here: one output per case."""
+    out = []
+    for case in task.cases:
+        try:
+            if getattr(task, "driver", None):
+                module, attr = task.driver.split(":")
+                value = getattr(importlib.import_module(module), attr)(fn, case)
+            else:
+                value = fn(**case)
+            out.append({"value": to_literal(value)})
+        except Exception as e:
+            out.append({"error": f"{type(e).__name__}: {e}"})
+    return out
+
+
+@pytest.mark.parametrize("stem", sorted(COVERED))
+def test_implement_mutants_lose_and_alternatives_win_in_process(stem):
+    """Each implement-it, for 3 student ids, scored as the grader scores it (its cases, its comparison,
+    the names its master forbids): every mutant loses points, every alternative earns them all."""
+    import numpy as np
+    import torch
+
+    from simulators.launch import simulate
+
+    master, mod = _master(stem), _mutants(stem)
+    for q in (q for q in course_grading.questions(master) if q.kind == "implement"):
+        for sid in ("s000", "s001", "s002"):
+            task = course_grading.unwrap(course_grading.build(master, q.name, sid))
+            for kind, sources in (("mutant", mod.MUTANTS[q.name]), ("alternative", mod.ALTERNATIVES[q.name])):
+                for k, src in enumerate(sources):
+                    ns = {"torch": torch, "np": np, "simulate": simulate}
+                    exec(src, ns)
+                    got = course_grading.grade_implement(task, _outputs(task, ns[q.function]), q.points)
+                    submission = _replace(course.student_notebook(master, stem), {q.name: src})
+                    score = 0.0 if course_grading.bypasses(submission, master, q) else got["score"]
+                    if kind == "mutant":
+                        assert score < q.points, f"{stem} {q.name} mutant {k} ({sid}) kept its points: {got}"
+                    else:
+                        assert score == q.points, f"{stem} {q.name} alternative {k} ({sid}): {got}"
+
+
+@pytest.mark.parametrize("stem", sorted(COVERED))
+def test_practice_checks_in_the_student_release_agree_with_the_grader(stem, tmp_path, monkeypatch):
+    """The student's own check (expected outputs as data, no reference) accepts every alternative and
+    rejects every mutant of each implement-it, with the hint only after that wrong attempt."""
+    import numpy as np
+    import torch
+
+    from simulators.classroom import PRACTICE_DIR, practice_task
+    from simulators.launch import simulate
+
+    master, mod = _master(stem), _mutants(stem)
+    (tmp_path / PRACTICE_DIR).mkdir()
+    (tmp_path / PRACTICE_DIR / f"{stem}.json").write_text(json.dumps(course.practice_data(master)))
+    for q in (q for q in course_grading.questions(master) if q.kind == "implement"):
+        task = practice_task(stem, q.name, tmp_path)
+        for kind, sources in (("mutant", mod.MUTANTS[q.name]), ("alternative", mod.ALTERNATIVES[q.name])):
+            for k, src in enumerate(sources):
+                if course_grading.bypasses(_replace(course.student_notebook(master, stem), {q.name: src}),
+                                           master, q):
+                    continue  # right, but uses a forbidden reference: only the grader says so
+                ns = {"torch": torch, "np": np, "simulate": simulate}
+                exec(src, ns)
+                verdict = task.check(ns[q.function])
+                if kind == "mutant":
+                    assert verdict.answered and not verdict.correct and "Hint:" in verdict.why, (q.name, k)
+                else:
+                    assert verdict.correct, (stem, q.name, k, verdict.why)
+
+
+def test_reading_the_answer_out_of_an_exercise_earns_nothing():
+    """A submission that asks an exercise object for its answer, in any cell, gets no point for it."""
+    master = _master("02_kv_cache_memory")
+    q = next(q for q in course_grading.questions(master) if q.name == "ex1")
+    student = course.student_notebook(master, "02_kv_cache_memory")
+    honest = _replace(student, {"ex1": "my_answer = 12"})
+    assert course_grading.bypasses(honest, master, q) == ""
+    for cheat in ("my_answer = ex1.solution()", "my_answer = ex1.exercise._solution",
+                  "my_answer = ex1.exercise._diagnose.__closure__[0].cell_contents"):
+        assert "exercise object" in course_grading.bypasses(_replace(student, {"ex1": cheat}), master, q)
+    elsewhere = copy.deepcopy(honest)
+    elsewhere.cells.append(nbformat.v4.new_code_cell("x = ex1.solution()"))
+    assert "exercise object" in course_grading.bypasses(elsewhere, master, q)
+    assert course_grading.bypasses(master, master, q) == ""  # the instructor's own master
+    for stem in COVERED:  # nothing a student release shows is read as a bypass
+        master = _master(stem)
+        student = course.student_notebook(master, stem)
+        assert all(course_grading.bypasses(student, master, q) == "" for q in course_grading.questions(master)
+                   if q.kind != "written")
+
+
 def _grade(release: Path, notebook: Path, sid: str = STUDENT) -> dict:
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "course.py"), "grade", "--release",
                           str(release), "--student-id", sid, str(notebook)],
@@ -124,6 +221,8 @@ def _grade(release: Path, notebook: Path, sid: str = STUDENT) -> dict:
     results = json.loads(out.stdout)
     for t in results["tests"]:
         assert {"name", "score", "max_score", "output"} <= set(t)
+    print(f"graded {notebook.parent.name}/{notebook.name}: {results['score']:g} points in "
+          f"{results['execution_time']:.0f} s")
     return results
 
 
@@ -163,44 +262,46 @@ def test_gpu_question_is_not_graded_without_cuda(tmp_path):
 
 
 @pytest.mark.slow
-def test_releases_and_grading_end_to_end(tmp_path):
+@pytest.mark.parametrize("stem", sorted(COVERED))
+def test_releases_and_grading_end_to_end(tmp_path, stem):
+    """Per notebook: the master earns full marks, the blank release none, every mutant loses, every
+    alternative earns all. Prints one line per submission graded (score, seconds): run with -s."""
     subprocess.run([sys.executable, str(ROOT / "scripts" / "course.py"), "release", "--out", str(tmp_path)],
                    check=True, cwd=ROOT, capture_output=True, timeout=300)
     student_dir, autograder = tmp_path / "student", tmp_path / "autograder"
     assert (autograder / "autograder.zip").is_file()
     rubric = (autograder / "rubric.md").read_text()
-    for stem in COVERED:
-        master = _master(stem)
-        student = nbformat.read(student_dir / f"{stem}.ipynb", 4)
-        code = "\n".join(c.source for c in student.cells if c.cell_type == "code")
-        text = "\n".join(c.source for c in student.cells)
-        assert ".solution(" not in code and "SOLUTION" not in code
-        assert not [r for r in REFERENCES if r in code], "a reference implementation in the student release"
-        assert "Rubric" not in text and "Rubric" in rubric
-        assert course.scan_student(student, master) == []
-        written = [c for c in student.cells if course_grading.tag_args(c, "written")]
-        assert len(written) >= 2
+    master = _master(stem)
+    student = nbformat.read(student_dir / f"{stem}.ipynb", 4)
+    code = "\n".join(c.source for c in student.cells if c.cell_type == "code")
+    text = "\n".join(c.source for c in student.cells)
+    assert ".solution(" not in code and "SOLUTION" not in code
+    assert not [r for r in REFERENCES if r in code], "a reference implementation in the student release"
+    assert "Rubric" not in text and "Rubric" in rubric
+    assert course.scan_student(student, master) == []
+    written = [c for c in student.cells if course_grading.tag_args(c, "written")]
+    assert len(written) >= 2
 
-        qs = {q.name: q for q in course_grading.questions(master) if q.kind != "written"}
-        full = sum(q.points for q in qs.values())
-        m = _grade(tmp_path, ROOT / "notebooks" / f"{stem}.ipynb")
-        assert m["score"] == full, m
-        blank = _by_question(_grade(tmp_path, student_dir / f"{stem}.ipynb"), stem)
-        assert all(blank[n]["score"] == 0 for n in qs)
-        assert all("not implemented yet" in blank[n]["output"]
-                   for n, q in qs.items() if q.kind == "implement")
+    qs = {q.name: q for q in course_grading.questions(master) if q.kind != "written"}
+    full = sum(q.points for q in qs.values())
+    m = _grade(tmp_path, ROOT / "notebooks" / f"{stem}.ipynb")
+    assert m["score"] == full, m
+    blank = _by_question(_grade(tmp_path, student_dir / f"{stem}.ipynb"), stem)
+    assert all(blank[n]["score"] == 0 for n in qs)
+    assert all("not implemented yet" in blank[n]["output"]
+               for n, q in qs.items() if q.kind == "implement")
 
-        mod = _mutants(stem)
-        for k in range(max(len(v) for v in mod.MUTANTS.values())):
-            wrong = {q: v[k] for q, v in mod.MUTANTS.items() if k < len(v)}
-            got = _by_question(_grade(tmp_path, _write(tmp_path, _replace(student, wrong), f"m{k}")), stem)
-            for q in wrong:
-                assert got[q]["score"] < qs[q].points, f"{stem} mutant {k} of {q} kept its points: {got[q]}"
-        for j in range(2):
-            right = {q: v[j] for q, v in mod.ALTERNATIVES.items()}
-            got = _by_question(_grade(tmp_path, _write(tmp_path, _replace(student, right), f"a{j}")), stem)
-            for q in right:
-                assert got[q]["score"] == qs[q].points, f"{stem} alternative {j} of {q} lost points: {got[q]}"
+    mod = _mutants(stem)
+    for k in range(max(len(v) for v in mod.MUTANTS.values())):
+        wrong = {q: v[k] for q, v in mod.MUTANTS.items() if k < len(v)}
+        got = _by_question(_grade(tmp_path, _write(tmp_path, _replace(student, wrong), f"m{k}")), stem)
+        for q in wrong:
+            assert got[q]["score"] < qs[q].points, f"{stem} mutant {k} of {q} kept its points: {got[q]}"
+    for j in range(2):
+        right = {q: v[j] for q, v in mod.ALTERNATIVES.items()}
+        got = _by_question(_grade(tmp_path, _write(tmp_path, _replace(student, right), f"a{j}")), stem)
+        for q in right:
+            assert got[q]["score"] == qs[q].points, f"{stem} alternative {j} of {q} lost points: {got[q]}"
 
 
 def _write(folder: Path, nb, name: str) -> Path:

@@ -5,8 +5,6 @@ and rejects each known-wrong solution, the hint coming only after the wrong atte
 
 from __future__ import annotations
 
-import bisect
-
 import numpy as np
 import pytest
 import torch
@@ -15,6 +13,7 @@ from minirunner.worker.buffers import StepBuffers
 from simulators.exercises import NotImplementedYet
 from simulators.graph_replay import BUFFERS, make_replay_task
 from simulators.hinted_exercises import hinted
+from tests.course_mutants.nb05 import REPLAY_SOURCE
 
 
 def runner_rows(ids, positions, tables, bucket, block_size, width):
@@ -29,33 +28,9 @@ def runner_rows(ids, positions, tables, bucket, block_size, width):
     return {name: getattr(sb, name)[:bucket].numpy().copy() for name in BUFFERS}
 
 
-def _solution(graphs, buffers, ids, positions, tables, block_size, pad_slot=-1, pad=True, in_place=True,
-              seq_offset=1, full_width=True, bucket_rule=None):
-    sizes = sorted(graphs)
-    n = len(ids)
-    bucket = bucket_rule(n, sizes) if bucket_rule else sizes[bisect.bisect_left(sizes, n)]
-    rows = {"input_ids": [0] * bucket, "positions": [0] * bucket, "slot_mapping": [pad_slot] * bucket,
-            "seq_lens": [0] * bucket}
-    width = buffers["block_tables"].shape[1]
-    table_rows = np.zeros((bucket, width), np.int32)
-    for r in range(n):
-        pos, table = positions[r], tables[r]
-        rows["input_ids"][r], rows["positions"][r] = ids[r], pos
-        rows["slot_mapping"][r] = table[pos // block_size] * block_size + pos % block_size
-        rows["seq_lens"][r] = pos + seq_offset
-        table_rows[r, :len(table)] = table
-    end = bucket if pad else n
-    for name, values in rows.items():
-        if in_place:
-            buffers[name][:end] = values[:end]
-        else:
-            buffers[name] = np.array(values)
-    if full_width:
-        buffers["block_tables"][:end] = table_rows[:end]
-    else:
-        for r in range(n):
-            buffers["block_tables"][r, :len(tables[r])] = tables[r]
-    return graphs[bucket].replay()[:n]
+_namespace: dict = {}
+exec(REPLAY_SOURCE, _namespace)  # the rule with knobs, each a known mistake when set
+_solution = _namespace["_replay"]
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +40,12 @@ def task():
 
 def test_accepts_the_rule(task):
     assert task.check(_solution).correct
+
+
+def test_grades_the_property_not_the_runners_rows(task):
+    """A valid choice the runner does not make: only a row's own table columns written (the columns past
+    its blocks are never read)."""
+    assert task.check(lambda **a: _solution(**a, full_width=False)).correct
 
 
 def test_a_stub_is_not_implemented_yet_without_the_method(task):
@@ -81,7 +62,6 @@ def test_a_stub_is_not_implemented_yet_without_the_method(task):
     ("pads with slot 0", {"pad_slot": 0}, "slot_mapping"),
     ("rebinds the buffers", {"in_place": False}, "new array"),
     ("seq_len = position", {"seq_offset": 0}, "seq_lens"),
-    ("writes only the row's own table columns", {"full_width": False}, "block_tables"),
     ("always the largest graph", {"bucket_rule": lambda n, sizes: sizes[-1]}, "replayed"),
 ])
 def test_rejects_a_known_wrong_solution_and_then_hints(task, name, kw, says):
