@@ -19,7 +19,7 @@ from typing import Any
 
 import nbformat
 
-from simulators.classroom import PRACTICE_DIR, student_seed  # noqa: F401  (student_seed: for build())
+from simulators.classroom import PRACTICE_DIR, student_seed, to_literal  # noqa: F401  (student_seed: build())
 
 MARK = "__COURSE__"
 DEFAULT_POINTS = {"answer": 1.0, "implement": 3.0}
@@ -116,17 +116,29 @@ def unwrap(obj: Any) -> Any:
     return getattr(obj, "task", obj)
 
 
+def _stub_body(node) -> bool:
+    """Whether a function's body is only a docstring and ``raise NotImplementedError`` (or ``...``)."""
+    body = [n for n in node.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+    if not body:
+        return True  # a docstring or ``...``: it does nothing
+    if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
+        return False
+    exc = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
+    return isinstance(exc, ast.Name) and exc.id in ("NotImplementedError", "NotImplementedYet")
+
+
 def is_stub(source: str, function: str) -> bool:
-    """Whether ``function``'s body in ``source`` is only a docstring and ``raise NotImplementedError``."""
+    """Whether ``function``'s body in ``source`` is only a docstring and ``raise NotImplementedError``;
+    for a class of that name, whether its ``__init__`` raises so and every other method is a stub too."""
     tree = _parse(source)
     for node in ast.walk(tree) if tree else ():
         if isinstance(node, ast.FunctionDef) and node.name == function:
-            body = [n for n in node.body
-                    if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
-            if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
-                return False
-            exc = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
-            return isinstance(exc, ast.Name) and exc.id in ("NotImplementedError", "NotImplementedYet")
+            return _stub_body(node) and any(isinstance(n, ast.Raise) for n in node.body)
+        if isinstance(node, ast.ClassDef) and node.name == function:
+            methods = [n for n in node.body if isinstance(n, ast.FunctionDef)]
+            init = [m for m in methods if m.name == "__init__"]
+            return bool(init) and all(_stub_body(m) for m in methods) and any(
+                isinstance(n, ast.Raise) for n in init[0].body)
     return False
 
 
@@ -142,10 +154,17 @@ def _capture_answer(name: str) -> str:
             f"    print({MARK!r}, repr({{'answer': {name!r}, 'error': repr(__course_e)}}))")
 
 
-def _run_cases(name: str, function: str, cases: list[dict]) -> str:
-    return (f"__course_out = []\nfor __course_case in {cases!r}:\n"
+def _run_cases(name: str, function: str, cases: list[dict], driver: str = "") -> str:
+    """The grader's cell after an implement-it: the student's ``function`` on each case. A task with a
+    ``driver`` ("module:function", e.g. for a class) has the driver run it: ``driver(function, **case)``."""
+    if driver:
+        module, attr = driver.split(":")
+        head, call = f"from {module} import {attr} as __course_driver\n", f"__course_driver({function}, "
+    else:
+        head, call = "", f"{function}("
+    return (f"{head}__course_out = []\nfor __course_case in {cases!r}:\n"
             f"    try:\n"
-            f"        __course_out.append({{'value': __course_literal({function}(**__course_case))}})\n"
+            f"        __course_out.append({{'value': __course_literal({call}**__course_case))}})\n"
             f"    except NotImplementedError:\n        __course_out.append({{'not_implemented': True}})\n"
             f"        break\n"
             f"    except Exception as __course_e:\n"
@@ -249,8 +268,8 @@ def grade(release: Path, path: Path, student_id: str | None, timeout: int = 120)
         for name in answers:
             cells.append(_cell(_capture_answer(name)))
         for name, function in implements:
-            cases = [dict(c) for c in unwrap(built[name]).cases]
-            cells.append(_cell(_run_cases(name, function, cases)))
+            cases = [to_literal(dict(c)) for c in unwrap(built[name]).cases]  # arrays travel as lists
+            cells.append(_cell(_run_cases(name, function, cases, getattr(unwrap(built[name]), "driver", ""))))
     run = copy.deepcopy(nb)
     run.cells = cells
     with tempfile.TemporaryDirectory() as tmp:
@@ -312,7 +331,11 @@ def _grade_implement(task, outputs: list[dict] | None, points: float) -> dict:
         right += ok
         if not ok and not first_wrong:
             args = ", ".join(f"{k}={_short(v, 60)}" for k, v in case.items())
-            first_wrong = f" First wrong: case {i} ({args}): got {got}, expected {_short(expected)}."
+            explain = getattr(task, "explain", None)  # a task that judges properties says which broke
+            if explain is not None and "error" not in out:
+                first_wrong = f" First wrong: case {i} ({args}): {explain(out['value'], expected)}."
+            else:
+                first_wrong = f" First wrong: case {i} ({args}): got {got}, expected {_short(expected)}."
     total = len(task.cases)
     return {"score": round(points * right / total, 2),
             "output": f"{task.name}: {right} of {total} cases right (cases seeded by your id).{first_wrong}"}

@@ -94,7 +94,7 @@ def choice_exercise(seed: int, rng, question: str, right: tuple[str, str], wrong
     def diagnose(answer) -> Verdict:
         choice = parse_choice(answer, letters)
         if choice is None:
-            return Verdict(False, f"answer {listed}.")
+            return Verdict(False, f"answer {listed}.", attempt=False)
         if choice == answer_letter:
             return Verdict(True, why[choice] + ".")
         return Verdict(False, why[choice] + wrong_suffix + ".")
