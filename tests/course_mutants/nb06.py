@@ -32,10 +32,23 @@ def letter(words):
 regime = ("overhead" if "CPU" in ex3.question else "compute" if "256 requests" in ex3.question else "memory")
 '''
 
-_SAMPLER_HEAD = '''def my_rejection_sampler(p, q, draft, u, g, seed=None, position=None):
+
+
+def _sampler(accept="p[j, x] >= u[j] * q[j, x]", residual="np.maximum(p[j] - q[j], 0)",
+             bonus="out + [int(np.argmax(np.log(p[-1]) + g[-1]))]", stop="return out") -> str:
+    """A rejection sampler with one part swapped: the accept test, the residual drawn from after a
+    rejection, what is returned when every draft passes, and what follows a rejection."""
+    return f'''def my_rejection_sampler(p, q, draft, u, g, seed=None, position=None):
     p, q, g = np.asarray(p, float), np.asarray(q, float), np.asarray(g, float)
     out = []
-'''
+    for j, x in enumerate(int(t) for t in draft):
+        if {accept}:
+            out.append(x)
+            continue
+        with np.errstate(divide="ignore"):
+            out.append(int(np.argmax(np.log({residual}) + g[j])))
+        {stop or "pass"}
+    return {bonus}'''
 
 _CHOOSE_HEAD = '''def my_choose_k(history, plain_s, call, k_max, warmup_steps, probe_every):
     if len(history) < warmup_steps:
@@ -78,40 +91,10 @@ MUTANTS = {
                       'my_answer = "abc"[("abc".index(right) + 1) % 3]'),
     ],
     "task": [
-        # the accept test upside down: u < q/p
-        _SAMPLER_HEAD + '''    for j, x in enumerate(int(t) for t in draft):
-        if q[j, x] >= u[j] * p[j, x]:
-            out.append(x)
-            continue
-        with np.errstate(divide="ignore"):
-            out.append(int(np.argmax(np.log(np.maximum(p[j] - q[j], 0)) + g[j])))
-        return out
-    return out + [int(np.argmax(np.log(p[-1]) + g[-1]))]''',
-        # after a rejection, draws from p instead of the residual max(0, p - q)
-        _SAMPLER_HEAD + '''    for j, x in enumerate(int(t) for t in draft):
-        if p[j, x] >= u[j] * q[j, x]:
-            out.append(x)
-            continue
-        out.append(int(np.argmax(np.log(p[j]) + g[j])))
-        return out
-    return out + [int(np.argmax(np.log(p[-1]) + g[-1]))]''',
-        # forgets the bonus token when every draft passes
-        _SAMPLER_HEAD + '''    for j, x in enumerate(int(t) for t in draft):
-        if p[j, x] >= u[j] * q[j, x]:
-            out.append(x)
-            continue
-        with np.errstate(divide="ignore"):
-            out.append(int(np.argmax(np.log(np.maximum(p[j] - q[j], 0)) + g[j])))
-        return out
-    return out''',
-        # does not stop at the first rejection
-        _SAMPLER_HEAD + '''    for j, x in enumerate(int(t) for t in draft):
-        if p[j, x] >= u[j] * q[j, x]:
-            out.append(x)
-        else:
-            with np.errstate(divide="ignore"):
-                out.append(int(np.argmax(np.log(np.maximum(p[j] - q[j], 0)) + g[j])))
-    return out + [int(np.argmax(np.log(p[-1]) + g[-1]))]''',
+        _sampler(accept="q[j, x] >= u[j] * p[j, x]"),  # the accept test upside down: u < q/p
+        _sampler(residual="p[j]"),  # after a rejection, draws from p instead of max(0, p - q)
+        _sampler(bonus="out"),  # forgets the bonus token when every draft passes
+        _sampler(stop=""),  # does not stop at the first rejection
     ],
     "k_task": [
         _CHOOSE_HEAD + "    alpha = accepted / drafted  # acceptance over proposed, not tested, drafts\n" + _CHOOSE_TAIL,
@@ -140,15 +123,7 @@ ALTERNATIVES = {
                       '"overhead": "embedding, norms"}[regime]).upper() + ") because of the regime"'),
     ],
     "task": [
-        # u < p / q, the ratio form of the test
-        _SAMPLER_HEAD + '''    for j, x in enumerate(int(t) for t in draft):
-        if u[j] < p[j, x] / q[j, x]:
-            out.append(x)
-            continue
-        with np.errstate(divide="ignore"):
-            out.append(int(np.argmax(np.log(np.maximum(p[j] - q[j], 0)) + g[j])))
-        return out
-    return out + [int(np.argmax(np.log(p[-1]) + g[-1]))]''',
+        _sampler(accept="u[j] < p[j, x] / q[j, x]"),  # the ratio form of the test
         # torch, with the residual normalised first (a constant shift of its log: the same argmax)
         '''def my_rejection_sampler(p, q, draft, u, g, seed=None, position=None):
     p, q, g = torch.tensor(p, dtype=torch.float64), torch.tensor(q, dtype=torch.float64), torch.tensor(g, dtype=torch.float64)
