@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,18 @@ def to_literal(value: Any) -> Any:
     return repr(value)
 
 
+def _close(got: Any, want: Any) -> bool:
+    """Equal, with floats equal to 1e-9 relative (a float computed another way may differ in its last
+    bits); ints, strings and the structure must match exactly."""
+    if isinstance(want, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
+        return math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12)
+    if isinstance(want, list) and isinstance(got, list):
+        return len(got) == len(want) and all(_close(g, w) for g, w in zip(got, want, strict=True))
+    if isinstance(want, dict) and isinstance(got, dict):
+        return got.keys() == want.keys() and all(_close(got[k], want[k]) for k in want)
+    return got == want
+
+
 def practice_task(notebook: str, task: str, folder: str | Path = ".") -> HintedTask:
     """The implement-it ``task`` of ``notebook`` in the student release: the same cases for every
     student, with the expected outputs as data (``course_data/<notebook>.json``). The hint comes after
@@ -63,6 +76,6 @@ def practice_task(notebook: str, task: str, folder: str | Path = ".") -> HintedT
         return expected[json.dumps(case, sort_keys=True)]
 
     def same(got, want) -> bool:  # through JSON, as the expected outputs were stored: tuples are lists
-        return json.loads(json.dumps(to_literal(got))) == want
+        return _close(json.loads(json.dumps(to_literal(got))), want)
 
     return HintedTask(ImplementIt(spec["name"], reference, spec["cases"], same=same, hint=spec["hint"]))

@@ -28,7 +28,7 @@ from simulators import block_exercises  # noqa: E402
 from simulators.classroom import student_seed, to_literal  # noqa: E402
 
 COVERED = {"01_virtual_memory": "nb01", "03_block_tables": "nb03", "06_speculative_decoding": "nb06",
-           "07_model_runner_v2": "nb07"}
+           "07_model_runner_v2": "nb07", "09_serving_under_load": "nb09"}
 STUDENT = "s000"
 # names of the reference implementations and of what builds the graded tasks: never in a student notebook
 REFERENCES = ("translate_ptes", "BlockTable", "runner_slot_mapping", "make_translate_task",
