@@ -177,6 +177,8 @@ def practice_data(master) -> dict:
                 "expected": [to_literal(course_grading.expected_output(task, c)) for c in task.cases]}
             if getattr(task, "driver", None):
                 tasks[task_name]["driver"] = task.driver
+            if getattr(task, "judge", None):  # judges properties: problem(got, expected) -> str | None
+                tasks[task_name]["judge"] = task.judge
     return {"tasks": tasks}
 
 

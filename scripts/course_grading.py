@@ -19,7 +19,7 @@ from typing import Any
 
 import nbformat
 
-from simulators.classroom import PRACTICE_DIR, student_seed  # noqa: F401  (student_seed: for build())
+from simulators.classroom import PRACTICE_DIR, student_seed, to_literal  # noqa: F401  (student_seed: build())
 
 MARK = "__COURSE__"
 DEFAULT_POINTS = {"answer": 1.0, "implement": 3.0}
@@ -116,17 +116,29 @@ def unwrap(obj: Any) -> Any:
     return getattr(obj, "task", obj)
 
 
+def _stub_body(node) -> bool:
+    """Whether a function's body is only a docstring and ``raise NotImplementedError`` (or ``...``)."""
+    body = [n for n in node.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+    if not body:
+        return True  # a docstring or ``...``: it does nothing
+    if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
+        return False
+    exc = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
+    return isinstance(exc, ast.Name) and exc.id in ("NotImplementedError", "NotImplementedYet")
+
+
 def is_stub(source: str, function: str) -> bool:
-    """Whether ``function``'s body in ``source`` is only a docstring and ``raise NotImplementedError``."""
+    """Whether ``function``'s body in ``source`` is only a docstring and ``raise NotImplementedError``;
+    for a class of that name, whether its ``__init__`` raises so and every other method is a stub too."""
     tree = _parse(source)
     for node in ast.walk(tree) if tree else ():
         if isinstance(node, ast.FunctionDef) and node.name == function:
-            body = [n for n in node.body
-                    if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
-            if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
-                return False
-            exc = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
-            return isinstance(exc, ast.Name) and exc.id in ("NotImplementedError", "NotImplementedYet")
+            return _stub_body(node) and any(isinstance(n, ast.Raise) for n in node.body)
+        if isinstance(node, ast.ClassDef) and node.name == function:
+            methods = [n for n in node.body if isinstance(n, ast.FunctionDef)]
+            init = [m for m in methods if m.name == "__init__"]
+            return bool(init) and all(_stub_body(m) for m in methods) and any(
+                isinstance(n, ast.Raise) for n in init[0].body)
     return False
 
 
@@ -143,17 +155,23 @@ def _capture_answer(name: str) -> str:
 
 
 def expected_output(task, case) -> Any:
-    """The reference's output on one case: ``task.expected(case)`` for a task run through a driver
-    (a function of the student's function and the case, e.g. ``simulators.graph_replay:observe``),
+    """The reference's output on one case: ``task.expected(case)`` for a task whose driver records
+    data that is compared with the reference's record (e.g. ``simulators.graph_replay:observe``),
     ``task.reference(**case)`` otherwise."""
-    return task.expected(case) if getattr(task, "driver", None) else task.reference(**case)
+    if getattr(task, "driver", None) and hasattr(task, "expected"):
+        return task.expected(case)
+    return task.reference(**case)
 
 
 def _run_cases(name: str, function: str, cases: list, driver: str | None = None) -> str:
+    """The grader's cell after an implement-it: the student's ``function`` on each case. A task with a
+    ``driver`` ("module:function", e.g. for a class or a toy world) has the driver run it: a dict case
+    is keyword arguments (``driver(function, **case)``), any other case one argument."""
     if driver:
         module, attr = driver.split(":")
         head = f"from {module} import {attr} as __course_driver\n"
-        call = f"__course_driver({function}, __course_case)"
+        call = (f"(__course_driver({function}, **__course_case) if isinstance(__course_case, dict) "
+                f"else __course_driver({function}, __course_case))")
     else:
         head, call = "", f"{function}(**__course_case)"
     return (f"{head}__course_out = []\nfor __course_case in {cases!r}:\n"
@@ -263,8 +281,10 @@ def grade(release: Path, path: Path, student_id: str | None, timeout: int = 120)
             cells.append(_cell(_capture_answer(name)))
         for name, function in implements:
             task = unwrap(built[name])
-            cases = [c if getattr(task, "driver", None) else dict(c) for c in task.cases]
-            cells.append(_cell(_run_cases(name, function, cases, getattr(task, "driver", None))))
+            driver = getattr(task, "driver", None) or None
+            # arrays travel as lists; a driver's case that is not a dict is one argument, kept whole
+            cases = [to_literal(c if driver and not isinstance(c, dict) else dict(c)) for c in task.cases]
+            cells.append(_cell(_run_cases(name, function, cases, driver)))
     run = copy.deepcopy(nb)
     run.cells = cells
     with tempfile.TemporaryDirectory() as tmp:
@@ -358,7 +378,11 @@ def grade_implement(task, outputs: list[dict] | None, points: float) -> dict:
         if not ok and not first_wrong:
             args = (", ".join(f"{k}={_short(v, 60)}" for k, v in case.items()) if isinstance(case, dict)
                     else _short(case, 120))
-            first_wrong = f" First wrong: case {i} ({args}): got {got}, expected {_short(expected)}."
+            explain = getattr(task, "explain", None)  # a task that judges properties says which broke
+            if explain is not None and "error" not in out:
+                first_wrong = f" First wrong: case {i} ({args}): {explain(out['value'], expected)}."
+            else:
+                first_wrong = f" First wrong: case {i} ({args}): got {got}, expected {_short(expected)}."
     total = len(task.cases)
     return {"score": round(points * right / total, 2),
             "output": f"{task.name}: {right} of {total} cases right (cases seeded by your id).{first_wrong}"}

@@ -81,7 +81,7 @@ def practice_task(notebook: str, task: str, folder: str | Path = ".") -> HintedT
 
     if spec.get("driver"):
         return HintedTask(DrivenPractice(spec["name"], spec["driver"], spec["cases"], spec["expected"],
-                                         spec["hint"]))
+                                         spec["hint"], spec.get("judge", "")))
 
     def reference(**case):
         return expected[json.dumps(case, sort_keys=True)]
@@ -101,22 +101,25 @@ def _import(path: str) -> Any:
 class DrivenPractice:
     """A practice implement-it whose cases run through a driver (``"module:function"``, called as
     ``driver(fn, case)``: e.g. a toy world the student's function writes into) and whose expected
-    records are data. The driver's module may define ``compare(got, want) -> str | None``, which says
-    where a record differs; otherwise records are compared as JSON."""
+    records are data. A ``judge`` (``"module:function"``, ``judge(got, want) -> str | None``) or else
+    the driver's module's ``compare`` says where a record differs; otherwise records are compared as
+    JSON. A dict case is the driver's keyword arguments, any other case one argument."""
 
     name: str
     driver: str
     cases: list
     expected: list
     hint: str
+    judge: str = ""
 
     def check(self, fn: Callable[..., Any]) -> Verdict:
         drive = _import(self.driver)
         module = importlib.import_module(self.driver.split(":")[0])
-        compare = getattr(module, "compare", None)
+        compare = _import(self.judge) if self.judge else getattr(module, "compare", None)
         for i, (case, want) in enumerate(zip(self.cases, self.expected, strict=True)):
             try:
-                got = json.loads(json.dumps(to_literal(drive(fn, case))))
+                value = drive(fn, **case) if isinstance(case, dict) else drive(fn, case)
+                got = json.loads(json.dumps(to_literal(value)))
             except NotImplementedError:
                 return Verdict(False, f"{self.name}: {self.hint}", answered=False,
                                pending="not implemented yet")

@@ -193,7 +193,7 @@ def make_acceptance_exercise(seed: int) -> Exercise:
     def diagnose(answer) -> Verdict:
         value = parse_float(answer)
         if value is None:
-            return Verdict(False, "answer with a number in [0, 1].")
+            return Verdict(False, "answer with a number in [0, 1].", attempt=False)
         if abs(value - beta) < 0.005:
             return Verdict(True, f"sum over x of q(x) * min(1, p(x)/q(x)) = sum of min(p, q) = {beta}.")
         dot = sum(a * b for a, b in zip(p, q, strict=True))
@@ -216,7 +216,8 @@ def make_histogram_exercise(seed: int) -> Exercise:
     rng = random.Random(seed)
     p, q = _pair(rng)
     n = rng.choice([1000, 2000, 5000, 10000])
-    y = rng.randrange(4)
+    # a token the target wants more than the draft proposes it, so the rejections' share counts
+    y = rng.choice([t for t in range(4) if p[t] - q[t] >= 0.02] or [max(range(4), key=lambda t: p[t] - q[t])])
     solution = round(n * p[y])
     question = (f"Target p = {{{_show(p)}}}\nDraft  q = {{{_show(q)}}}\nThe rule runs {n} times at one "
                 "position: draft x ~ q, accept with min(1, p(x)/q(x)), else draw from norm(max(0, p - q)).\n"
@@ -225,7 +226,7 @@ def make_histogram_exercise(seed: int) -> Exercise:
     def diagnose(answer) -> Verdict:
         value = parse_float(answer)
         if value is None:
-            return Verdict(False, "answer with a number (an expected count).")
+            return Verdict(False, "answer with a number (an expected count).", attempt=False)
         if abs(value - solution) <= 0.005 * n:
             return Verdict(True, f"n * p({_TOKENS[y]}) = {solution}: min(p, q) comes from accepted drafts, "
                                  "max(0, p - q) from rejections, and the two add up to p.")

@@ -129,7 +129,7 @@ def make_gain_exercise(seed: int) -> Exercise:
     def diagnose(a) -> Verdict:
         x = _number(a)
         if x is None:
-            return Verdict(False, "give a number, a fraction such as 0.25 (or '25%').")
+            return Verdict(False, "give a number, a fraction such as 0.25 (or '25%').", attempt=False)
         share = host_share(host, device)
         if abs(x - answer) <= 0.01 * answer + 1e-3 and abs(x - answer) < abs(x - share):
             return Verdict(True, f"(host + device) / device − 1 = {host + device}/{device} − 1 "
@@ -168,11 +168,12 @@ def make_idx_mapping_exercise(seed: int, capacity: int = 6) -> Exercise:
 
     def diagnose(a) -> Verdict:
         try:
-            got = [parse_int(x) for x in a]
+            got = [parse_int(x) for x in a] if not isinstance(a, (str, dict)) else None
         except TypeError:
-            return Verdict(False, "give a list of ints, one row per request of step 2's batch.")
-        if any(x is None for x in got) or len(got) != len(batch):
-            return Verdict(False, f"give {len(batch)} ints, one row per request, in batch order.")
+            got = None
+        if got is None or any(x is None for x in got) or len(got) != len(batch):
+            return Verdict(False, f"give a list of {len(batch)} ints, one row per request of step 2's "
+                                  "batch, in batch order.", attempt=False)
         if got == answer:
             return Verdict(True, f"rows stay put; {new} takes the row {gone} freed: {answer}.")
         if got == compact:
@@ -203,7 +204,7 @@ def make_meaning_exercise(seed: int) -> Exercise:
     def diagnose(a) -> Verdict:
         x = str(a).strip().lower()
         if x not in MEANINGS:
-            return Verdict(False, 'answer "kernel", "abstraction" or "memory model".')
+            return Verdict(False, 'answer "kernel", "abstraction" or "memory model".', attempt=False)
         if x == answer:
             kept = "deleted in v0.25" if answer == "kernel" else "kept in v0.25"
             return Verdict(True, f"the {answer}: {kept}.")

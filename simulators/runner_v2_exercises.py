@@ -1,11 +1,15 @@
 """Notebook 07's implement-its: persistent state rows with a staged-write diff, and the pinned-buffer race.
 
-Owns two teaching models and their checkers. Staged rows: a student's row allocator packs the block-table
-cells written since the last step and applies them to a device mirror; it is run beside the runner's own
-rows (minirunner/worker/states.py, handed in as a factory) on seeded step scripts. The race: a copy engine
-that runs a non-blocking host-to-device copy later than the host issues it, reading the source only then,
-and pinned host memory handed out per copy as torch's caching host allocator does. Pure numpy; never
-imports the runner.
+Owns two teaching models and their checkers, which grade behaviour, never one implementation's
+convention. Staged rows: a student's row allocator packs the block-table cells written since the last
+step and applies them to a device mirror; on seeded step scripts no row may be shared or move while its
+request runs, the mirror must hold every table, and a step may send no more cells than changed (any
+free-list order passes). The race: a copy engine that runs a non-blocking host-to-device copy later than
+the host issues it, reading the source only then, and pinned host memory handed out per copy as torch's
+caching host allocator does; every copy must deliver its own step's values with no host wait. Each task
+splits into a driver (runs the student's code, records data) and a judge (``rows_problem``,
+``race_problem``), so the course's grader can run the first in the student's kernel and the second in
+its own process. Pure numpy; never imports the runner.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import numpy as np
 from simulators.exercises import Verdict
 from simulators.hinted_exercises import HintedTask
 
-__all__ = ["CopyStream", "PinnedPool", "run_steps", "staged_rows_task", "race_task"]
+__all__ = ["CopyStream", "PinnedPool", "drive_launch", "drive_rows", "race_task", "run_steps",
+           "staged_rows_task"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -52,68 +57,144 @@ def _scripts(seed: int, capacity: int, width: int, num_steps: int = 9) -> list[l
     return scripts
 
 
+def rows_cases(seed: int, capacity: int = 4, width: int = 4) -> list[dict]:
+    """The staged-rows task's cases: keyword arguments of ``drive_rows`` (plain data)."""
+    return [dict(capacity=capacity, width=width, script=s) for s in _scripts(seed, capacity, width)]
+
+
+def drive_rows(cls, capacity: int, width: int, script: list[dict]) -> list[dict]:
+    """Run ``cls(capacity, width)`` on one step script and write down, as data, what it did: per step
+    the rows ``sync`` returned (batch order), the number of cells ``pack`` sent and the device mirror
+    after ``apply``. It judges nothing (``rows_problem`` does); it runs where the class lives."""
+    rows_obj = cls(capacity, width)
+    mirror = np.zeros(capacity * width, dtype=np.int32)
+    out = []
+    for step in script:
+        for rid in step["finished"]:
+            rows_obj.release(rid)
+        rows = [rows_obj.sync(rid, list(blocks)) for rid, blocks in step["batch"]]
+        packed = np.asarray(rows_obj.pack())
+        if packed.ndim != 1 or len(packed) % 2:
+            raise ValueError(f"pack() returned shape {packed.shape}: give one flat array, m cells then m ids")
+        rows_obj.apply(mirror, packed)
+        out.append(dict(rows=[int(r) for r in rows], cells=len(packed) // 2, mirror=mirror.tolist()))
+    return out
+
+
+def rows_facts(capacity: int, width: int, script: list[dict]) -> dict:
+    """What any correct answer must respect on one script, from the script alone (no allocator): the
+    most cells each step needs to send (a new or re-allocated table whole, a grown one its new ids)."""
+    held: dict[str, list[int]] = {}
+    bounds = []
+    for step in script:
+        for rid in step["finished"]:
+            held.pop(rid, None)
+        need = 0
+        for rid, blocks in step["batch"]:
+            old = held.get(rid)
+            grown = old is not None and list(blocks[:len(old)]) == old
+            need += len(blocks) - len(old) if grown else len(blocks)
+            held[rid] = list(blocks)
+        bounds.append(need)
+    return dict(capacity=capacity, width=width, script=script, bounds=bounds)
+
+
+def rows_problem(got: list[dict], facts: dict) -> str | None:
+    """The first property a run of ``drive_rows`` breaks, in words; None when it keeps them all: every
+    row in range, no row handed to two live requests, a request keeping its row while it runs, the
+    mirror holding each request's table in its row, and no more cells sent than the step needs. Any
+    free-list order passes (FIFO, stack, lowest first)."""
+    capacity, width, script = facts["capacity"], facts["width"], facts["script"]
+    if len(got) != len(script):
+        return f"{len(got)} steps recorded for {len(script)}"
+    row_of: dict[str, int] = {}
+    for n, (step, rec, bound) in enumerate(zip(script, got, facts["bounds"], strict=True)):
+        where = f"step {n}"
+        for rid in step["finished"]:
+            row_of.pop(rid, None)
+        batch = [rid for rid, _ in step["batch"]]
+        rows = rec["rows"]
+        if len(rows) != len(batch):
+            return f"{where}: {len(rows)} rows for a batch of {len(batch)}"
+        for rid, row in zip(batch, rows, strict=True):
+            if not 0 <= row < capacity:
+                return (f"{where}: {rid} got row {row}, outside the {capacity} rows (are finished "
+                        "requests' rows given back?)")
+            if rid in row_of and row_of[rid] != row:
+                return (f"{where}: {rid} moved from row {row_of[rid]} to row {row}: a running request keeps "
+                        "its row")
+            owner = next((r for r, w in row_of.items() if w == row and r != rid), None)
+            if owner is not None:
+                return f"{where}: {rid} got row {row}, which {owner} still holds"
+            row_of[rid] = row
+        mirror = rec["mirror"]
+        for (rid, blocks), row in zip(step["batch"], rows, strict=True):
+            held = mirror[row * width: row * width + len(blocks)]
+            if held != list(blocks):
+                return (f"{where}: the device mirror's row {row} ({rid}) holds {held}, its block table is "
+                        f"{list(blocks)}")
+        if rec["cells"] > bound:
+            return f"{where}: sent {rec['cells']} cells where {bound} changed: send only what changed"
+    return None
+
+
 @dataclass
 class StagedRowsTask:
-    """Check ``cls(capacity, width)``: an object with ``sync(request_id, blocks) -> row``,
+    """Check a class ``cls(capacity, width)`` with ``sync(request_id, blocks) -> row``,
     ``release(request_id)``, ``pack() -> int64 [2m]`` (m flat cells row * width + column, then their m
     block ids; the cells written since the last pack) and ``apply(mirror, packed)`` (scatter into
-    ``mirror``, the device's int32 [capacity * width]). It runs beside ``reference`` (the same interface
-    around the runner's rows) and must give the same rows, a mirror equal to the host rows, and send no
-    more cells than the reference."""
+    ``mirror``, the device's int32 [capacity * width]) on seeded step scripts, by its properties
+    (``rows_problem``), not against one allocator: any order of free rows is right.
 
-    reference: Callable = field(repr=False)
+    For the course's grader: ``cases`` are ``drive_rows``'s keyword arguments, ``driver`` runs a class on
+    one case where it lives, ``reference`` gives the facts a case must respect and ``same`` judges."""
+
+    seed: int = 0
     capacity: int = 4
     width: int = 4
-    seed: int = 0
-    hint: str = ("rows: a free list used as a stack (lowest row first; a freed row is the next handed out), "
-                 "a request keeping its row until release; per row remember how many of its block ids were "
-                 "written; sync writes only the ids past that count, or the whole row again when the "
-                 "written prefix no longer matches (a new table); pack returns the cells written since the "
-                 "last pack (row * width + column, then the ids) and forgets them; apply is "
-                 "mirror[cells] = ids.")
+    name: str = "staged rows"
+    driver: str = "simulators.runner_v2_exercises:drive_rows"
+    judge: str = "simulators.runner_v2_exercises:rows_problem"  # the student release's check
+    hint: str = ("rows: keep a free list (any order); a new request pops a free row and keeps it until "
+                 "release, which gives it back; per row remember the block ids written; sync appends the "
+                 "cells past that prefix, or writes the whole table again when the prefix no longer matches "
+                 "(a re-allocated table); pack returns the cells pending since the last pack (row * width + "
+                 "column, then the ids) and forgets them; apply is mirror[cells] = ids.")
+
+    @property
+    def cases(self) -> list[dict]:
+        return rows_cases(self.seed, self.capacity, self.width)
+
+    @staticmethod
+    def reference(**case) -> dict:
+        return rows_facts(**case)
+
+    @staticmethod
+    def same(got, facts) -> bool:
+        return rows_problem(got, facts) is None
+
+    @staticmethod
+    def explain(got, facts) -> str:
+        return rows_problem(got, facts) or "right"
 
     def check(self, cls) -> Verdict:
-        try:
-            verdict = self._run(cls)
-        except NotImplementedError:
-            return Verdict(False, "not implemented", answered=False, pending="not implemented yet")
-        except Exception as e:  # a student's bug is a verdict, not a crash
-            verdict = Verdict(False, f"raised {type(e).__name__}: {e}")
-        return verdict
-
-    def _run(self, cls) -> Verdict:
-        scripts = _scripts(self.seed, self.capacity, self.width)
-        for s, script in enumerate(scripts):
-            mine, ref = cls(self.capacity, self.width), self.reference(self.capacity, self.width)
-            mirror = np.zeros(self.capacity * self.width, dtype=np.int32)
-            for n, step in enumerate(script):
-                where = f"script {s}, step {n}"
-                for rid in step["finished"]:
-                    mine.release(rid)
-                    ref.release(rid)
-                rows = [mine.sync(rid, list(blocks)) for rid, blocks in step["batch"]]
-                want = [ref.sync(rid, list(blocks)) for rid, blocks in step["batch"]]
-                if [int(r) for r in rows] != want:
-                    return Verdict(False, f"{where}: batch {[r for r, _ in step['batch']]} got rows {rows}, "
-                                          f"the runner's rows are {want}")
-                packed, ref_packed = np.asarray(mine.pack()), np.asarray(ref.pack())
-                mine.apply(mirror, packed)
-                if len(packed) > len(ref_packed):
-                    return Verdict(False, f"{where}: sent {len(packed) // 2} cells, the runner sends "
-                                          f"{len(ref_packed) // 2}: send only what changed")
-                for (rid, blocks), row in zip(step["batch"], want, strict=True):
-                    got = mirror[row * self.width: row * self.width + len(blocks)].tolist()
-                    if got != blocks:
-                        return Verdict(False, f"{where}: the device mirror's row {row} ({rid}) holds {got}, "
-                                              f"its block table is {blocks}")
-        return Verdict(True, f"same rows as the runner and a correct mirror over {len(scripts)} seeded "
-                             "scripts, never sending more cells than the runner")
+        cases = self.cases
+        for s, case in enumerate(cases):
+            try:
+                problem = rows_problem(drive_rows(cls, **case), rows_facts(**case))
+            except NotImplementedError:
+                return Verdict(False, "not implemented", answered=False, pending="not implemented yet")
+            except Exception as e:  # a student's bug is a verdict, not a crash
+                problem = f"raised {type(e).__name__}: {e}"
+            if problem:
+                return Verdict(False, f"script {s}, {problem}")
+        return Verdict(True, f"rows never shared or moved, a correct mirror and only the changed cells sent, "
+                             f"over {len(cases)} seeded scripts")
 
 
-def staged_rows_task(reference: Callable, seed: int = 0) -> HintedTask:
-    """The implement-it, its hint shown only after a wrong attempt; ``reference(capacity, width)`` builds
-    the runner's rows behind the interface."""
-    return HintedTask(StagedRowsTask(reference, seed=seed), name="staged rows",
+def staged_rows_task(seed: int = 0) -> HintedTask:
+    """The implement-it, its hint shown only after a wrong attempt (no reference: it checks properties)."""
+    return HintedTask(StagedRowsTask(seed=seed), name="staged rows",
                       prompt="write the class's methods and run the cell again "
                              "(a wrong attempt gets a hint).")
 
@@ -194,56 +275,88 @@ def run_steps(launch: Callable, steps: list[np.ndarray], lag: int = 2) -> tuple[
     return stream.delivered, stream
 
 
+def drive_launch(launch: Callable, steps: list[list[int]], lag: int) -> dict:
+    """Run ``launch`` over ``steps`` (``run_steps``) and write down, as data, what the device received,
+    how often the host waited and the most copies in flight at once. It judges nothing (``race_problem``
+    does); it runs where ``launch`` lives."""
+    delivered, stream = run_steps(launch, [np.asarray(s, dtype=np.int64) for s in steps], lag)
+    return dict(delivered=[np.asarray(d).tolist() for d in delivered], host_waits=stream.host_waits,
+                peak_in_flight=stream.peak_in_flight)
+
+
+def race_problem(got: dict, facts: dict) -> str | None:
+    """The first thing a run of ``drive_launch`` got wrong, by behaviour: a copy that delivered other
+    values than its own step's, a host wait, or more pinned blocks in flight than steps; None when none.
+    Any design that behaves passes (a fresh pinned block per copy, a ring deep enough for the lag)."""
+    steps, lag = facts["steps"], facts["lag"]
+    delivered = got["delivered"]
+    if len(delivered) != len(steps):
+        return f"{len(delivered)} copies for {len(steps)} steps: issue one copy per step"
+    for i, (have, want) in enumerate(zip(delivered, steps, strict=True)):
+        if list(have) != list(want):
+            later = [j for j, s in enumerate(steps) if list(s) == list(have)]
+            what = f"step {later[0]}'s values" if later else f"{list(have)}"
+            return (f"step {i}'s copy delivered {what}, not its own {list(want)}: the host overwrote the "
+                    "memory while the copy was in flight")
+    if got["host_waits"]:
+        return (f"the values are right, but the host waited for the device {got['host_waits']} times (a "
+                "barrier, or a copy from pageable memory, which cannot run ahead)")
+    if got["peak_in_flight"] > lag + 1:
+        return f"{got['peak_in_flight']} pinned blocks in flight at once: one per step is enough"
+    return None
+
+
 @dataclass
 class RaceTask:
     """Check a ``launch(host, stream, pool, state)`` that stages this step's ``host`` values and issues
-    their non-blocking copy: every step's copy must deliver that step's values, the host must never wait
-    for the device, and at most one pinned block per step may be in flight. ``reference``, when given, is
-    checked to pass first (the tests hand in the runner's rule; a notebook need not show it)."""
+    their non-blocking copy, by what the device receives: every step's copy must deliver that step's
+    values, the host must never wait for the device, and at most one pinned block per step may be in
+    flight. ``reference``, when given, is checked to pass first (the tests hand in the runner's rule; a
+    notebook need not show it). For the course's grader: ``cases``, ``driver``, ``reference_facts`` and
+    ``same`` as in ``StagedRowsTask``."""
 
-    reference: Callable | None = field(default=None, repr=False)
+    reference_launch: Callable | None = field(default=None, repr=False)
     seed: int = 0
     lag: int = 2
+    name: str = "launch"
+    driver: str = "simulators.runner_v2_exercises:drive_launch"
+    judge: str = "simulators.runner_v2_exercises:race_problem"  # the student release's check
     hint: str = ("a copy from pinned memory reads its source when the device gets to it, steps later; the "
                  "host must not write that memory again before then, and must not wait for it either: give "
-                 "every step's copy its own pinned block (pool.empty or pool.pin_memory), as "
-                 "minirunner/worker/buffers.py's pinned() does, and let the allocator recycle it.")
+                 "every step's copy pinned memory that no later step writes while the copy is in flight.")
 
-    def cases(self) -> list[list[np.ndarray]]:
+    @property
+    def cases(self) -> list[dict]:
         rng = np.random.default_rng(self.seed)
-        return [[rng.integers(0, 1000, size=6) for _ in range(n)] for n in (5, 8)]
+        return [dict(steps=rng.integers(0, 1000, size=(n, 6)).tolist(), lag=self.lag) for n in (5, 8)]
+
+    @staticmethod
+    def reference(**case) -> dict:
+        return dict(case)
+
+    @staticmethod
+    def same(got, facts) -> bool:
+        return race_problem(got, facts) is None
+
+    @staticmethod
+    def explain(got, facts) -> str:
+        return race_problem(got, facts) or "right"
 
     def check(self, launch: Callable) -> Verdict:
-        for c, steps in enumerate(self.cases()):
-            if self.reference is not None and not self._ok(self.reference, steps)[0]:
+        for c, case in enumerate(self.cases):
+            if self.reference_launch is not None and race_problem(drive_launch(self.reference_launch, **case),
+                                                                  case):
                 raise AssertionError("the reference launch fails its own checker")
             try:
-                ok, why = self._ok(launch, steps)
+                problem = race_problem(drive_launch(launch, **case), case)
             except NotImplementedError:
                 return Verdict(False, "not implemented", answered=False, pending="not implemented yet")
             except Exception as e:
-                ok, why = False, f"raised {type(e).__name__}: {e}"
-            if not ok:
-                return Verdict(False, f"case {c} ({len(steps)} steps): {why}")
+                problem = f"raised {type(e).__name__}: {e}"
+            if problem:
+                return Verdict(False, f"case {c} ({len(case['steps'])} steps): {problem}")
         return Verdict(True, "every copy delivered its own step's values, the host never waited, and one "
                              "pinned block per step was in flight")
-
-    def _ok(self, launch: Callable, steps: list[np.ndarray]) -> tuple[bool, str]:
-        delivered, stream = run_steps(launch, steps, self.lag)
-        if len(delivered) != len(steps):
-            return False, f"{len(delivered)} copies for {len(steps)} steps: issue one copy per step"
-        for i, (got, want) in enumerate(zip(delivered, steps, strict=True)):
-            if not np.array_equal(got, want):
-                later = [j for j, s in enumerate(steps) if np.array_equal(got, s)]
-                what = f"step {later[0]}'s values" if later else f"{got.tolist()}"
-                return False, (f"step {i}'s copy delivered {what}, not its own {want.tolist()}: the host "
-                               "overwrote the memory while the copy was in flight")
-        if stream.host_waits:
-            return False, (f"the values are right, but the host waited for the device {stream.host_waits} "
-                           "times (a barrier, or a copy from pageable memory, which cannot run ahead)")
-        if stream.peak_in_flight > self.lag + 1:
-            return False, f"{stream.peak_in_flight} pinned blocks in flight at once: one per step is enough"
-        return True, ""
 
 
 def race_task(reference: Callable | None = None, seed: int = 0) -> HintedTask:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from simulators.exercises import (
     Exercise,
+    ImplementIt,
     NotImplementedYet,
     Verdict,
     choice_exercise,
@@ -26,7 +27,7 @@ from simulators.hinted_exercises import HintedExercise, HintedTask
 from simulators.serving_model import StepTime, capacity
 
 __all__ = ["make_capacity_exercise", "make_knee_exercise", "make_chunk_exercise", "goodput_task",
-           "reference_goodput", "written_question", "NotImplementedYet"]
+           "goodput_grading_task", "reference_goodput", "written_question", "NotImplementedYet"]
 
 
 def _close(x: float, target: float, rel: float = 0.02) -> bool:
@@ -59,7 +60,7 @@ def make_capacity_exercise(seed: int) -> HintedExercise:
     def diagnose(a) -> Verdict:
         x = parse_float(a)
         if x is None or x <= 0:
-            return Verdict(False, "give a positive number of requests per second.")
+            return Verdict(False, "give a positive number of requests per second.", attempt=False)
         if _close(x, answer):
             return Verdict(True, f"{s} requests per {o} x alpha + {o - 1} x beta x {s} + gamma x {s} x {p} "
                                  f"seconds = {answer:.2f} requests/s.")
@@ -120,7 +121,7 @@ def make_chunk_exercise(seed: int) -> HintedExercise:
     def diagnose(a) -> Verdict:
         x = parse_float(a)
         if x is None or x <= 0:
-            return Verdict(False, "give a positive number of milliseconds.")
+            return Verdict(False, "give a positive number of milliseconds.", attempt=False)
         if _close(x, answer, 0.01):
             return Verdict(True, f"each chunk is {min(prompt, budget - d)} tokens (the budget less the {d} "
                                  f"decode tokens): {answer:.2f} ms.")
@@ -188,6 +189,7 @@ class GoodputTask:
 
     measured: list[dict] = field(default_factory=list, repr=False)
     seed: int = 0
+    synthetic: bool = True  # False: only the measured runs, against the load generator's own figures
     name: str = "goodput"
     hint: str = ("count a request when it completed (no error) and met both bounds, each 'at most'; its TPOT "
                  "is (e2e - ttft) / (output tokens - 1), and a one-token request has none to miss; divide by "
@@ -195,7 +197,7 @@ class GoodputTask:
 
     @property
     def cases(self) -> list[dict]:
-        return _synthetic_runs(self.seed) + self.measured
+        return (_synthetic_runs(self.seed) if self.synthetic else []) + self.measured
 
     def check(self, fn: Callable) -> Verdict:
         for i, case in enumerate(self.cases):
@@ -222,8 +224,19 @@ class GoodputTask:
                              f"with the load generator's own goodput on {n_measured} measured runs")
 
 
-def goodput_task(measured: list[dict] | None = None, seed: int = 0) -> HintedTask:
-    return HintedTask(GoodputTask(list(measured or []), seed), name="goodput")
+def goodput_task(measured: list[dict] | None = None, seed: int = 0, synthetic: bool = True) -> HintedTask:
+    """The implement-it; ``synthetic=False`` checks only the measured runs, against the load generator's
+    own goodput (no reference in the check)."""
+    return HintedTask(GoodputTask(list(measured or []), seed, synthetic), name="goodput")
+
+
+def goodput_grading_task(seed: int = 0) -> HintedTask:
+    """The implement-it as the course's grader runs it: the seeded runs as cases for
+    ``fn(requests, duration, slo_ttft, slo_tpot)``, judged against ``reference_goodput`` to 1e-9."""
+    task = GoodputTask(seed=seed)
+    return HintedTask(ImplementIt("goodput", reference_goodput, task.cases, hint=task.hint,
+                                  same=lambda got, want: parse_float(got) is not None
+                                  and math.isclose(parse_float(got), want, rel_tol=1e-9, abs_tol=1e-12)))
 
 
 # ---------------------------------------------------------------------------------------------

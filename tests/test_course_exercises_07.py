@@ -1,8 +1,10 @@
 """Notebook 07's checkers: each accepts its reference answer and rejects known-wrong ones; the
 persistent-rows model agrees with the runner's RequestStateRows; the models of vLLM V1's batch follow
-its condense and reorder rules; the staged-rows task accepts the runner's own rows and rejects wrong
-allocators and diffs; the pinned-buffer race task accepts the runner's fresh-pinned-block rule and
-rejects the race, the barrier and pageable copies."""
+its condense and reorder rules; the staged-rows task grades properties: it accepts the runner's own rows
+and any valid free-list order (FIFO, stack, lowest first) and rejects rows shared, leaked or moved and
+diffs that send too much or too little; the pinned-buffer race task accepts the runner's
+fresh-pinned-block rule and a ring deep enough for the lag, and rejects the race, a too-shallow ring,
+the barrier and pageable copies."""
 
 from __future__ import annotations
 
@@ -181,12 +183,26 @@ class RunnerRows:
 class StudentRows:
     """A student's solution, with switches for the known mistakes."""
 
-    def __init__(self, capacity, width, fifo=False, resend=False, keep=False, no_rewrite=False,
-                 compact=False):
-        self.width, self.fifo, self.resend, self.keep = width, fifo, resend, keep
-        self.no_rewrite, self.compact = no_rewrite, compact
+    def __init__(self, capacity, width, order="stack", resend=False, keep=False, no_rewrite=False,
+                 compact=False, leak=False, live=False):
+        self.width, self.order, self.resend, self.keep = width, order, resend, keep
+        self.no_rewrite, self.compact, self.leak, self.live = no_rewrite, compact, leak, live
         self.free = list(range(capacity - 1, -1, -1))
-        self.row_of, self.written, self.pending = {}, {}, []
+        self.row_of, self.written, self.pending, self.next_row = {}, {}, [], 0
+
+    def _take(self):
+        if self.leak:  # never reuses a row: runs out
+            self.next_row += 1
+            return self.next_row - 1
+        if self.live:  # the number of rows in use: a live row once a lower one was freed
+            return len(self.row_of)
+        if self.order == "fifo":
+            return self.free.pop(0)
+        if self.order == "lowest":
+            row = min(self.free)
+            self.free.remove(row)
+            return row
+        return self.free.pop()
 
     def sync(self, request_id, blocks):
         if self.compact:  # rows follow the order requests were first seen, renumbered: V1-style
@@ -194,7 +210,7 @@ class StudentRows:
             self.row_of = {r: i for i, r in enumerate(order)}
             self.written.setdefault(request_id, [])
         if request_id not in self.row_of:
-            self.row_of[request_id] = self.free.pop(0 if self.fifo else -1)
+            self.row_of[request_id] = self._take()
             self.written[request_id] = []
         row, done = self.row_of[request_id], self.written[request_id]
         start = 0 if self.resend or (done != blocks[:len(done)] and not self.no_rewrite) else len(done)
@@ -218,19 +234,31 @@ class StudentRows:
         mirror[packed[:m]] = packed[m:]
 
 
-def test_staged_rows_task_accepts_the_runner_and_a_right_solution():
-    task = staged_rows_task(RunnerRows)
+@pytest.mark.parametrize("seed", range(6))
+def test_staged_rows_task_accepts_the_runner_and_any_free_list_order(seed):
+    task = staged_rows_task(seed=seed)
     assert task.check(RunnerRows).correct
-    assert task.check(StudentRows).correct
-    for seed in range(1, 5):
-        assert staged_rows_task(RunnerRows, seed=seed).check(StudentRows).correct
+    for order in ("stack", "fifo", "lowest"):
+        verdict = task.check(lambda c, w, order=order: StudentRows(c, w, order=order))
+        assert verdict.correct, (order, str(verdict))
 
 
-@pytest.mark.parametrize("mistake", ["fifo", "resend", "keep", "no_rewrite", "compact"])
-def test_staged_rows_task_rejects_known_mistakes_and_hints_only_then(mistake):
-    task = staged_rows_task(RunnerRows)
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("mistake", ["resend", "keep", "no_rewrite", "compact", "leak", "live"])
+def test_staged_rows_task_rejects_known_mistakes_and_hints_only_then(mistake, seed):
+    task = staged_rows_task(seed=seed)
     verdict = task.check(lambda c, w: StudentRows(c, w, **{mistake: True}))
     assert verdict.answered and not verdict.correct and "Hint:" in verdict.why
+
+
+def test_staged_rows_facts_come_from_the_script_not_an_allocator():
+    """The cells a step may send: a new table whole, a grown one its new ids, a replaced one whole."""
+    from simulators.runner_v2_exercises import rows_facts
+
+    script = [dict(finished=[], batch=[("a", [1, 2]), ("b", [3])]),
+              dict(finished=[], batch=[("a", [1, 2, 4]), ("b", [3])]),
+              dict(finished=["a"], batch=[("b", [7, 8, 9]), ("c", [5])])]
+    assert rows_facts(4, 4, script)["bounds"] == [3, 1, 4]
 
 
 def test_staged_rows_stub_is_not_implemented_yet_without_the_algorithm():
@@ -238,7 +266,7 @@ def test_staged_rows_stub_is_not_implemented_yet_without_the_algorithm():
         def __init__(self, capacity, width):
             raise NotImplementedYet
 
-    verdict = staged_rows_task(RunnerRows).check(Stub)
+    verdict = staged_rows_task().check(Stub)
     assert not verdict.answered and "not implemented yet" in str(verdict) and "stack" not in str(verdict)
 
 
@@ -281,9 +309,21 @@ def test_the_race_is_real_in_the_model():
     assert [int(d[0]) for d in delivered] == list(range(5)) and stream.host_waits == 0
 
 
-def test_race_task_accepts_the_runner_rule():
+def ring(depth):
+    def launch(host, stream, pool, state):  # vLLM's UvaBufferPool: rotate `depth` pinned buffers
+        bufs = state.setdefault("bufs", [pool.empty(len(host)) for _ in range(depth)])
+        state["i"] = state.get("i", -1) + 1
+        buf = bufs[state["i"] % depth]
+        buf[:] = host
+        stream.copy_async(buf)
+    return launch
+
+
+def test_race_task_accepts_the_runner_rule_and_a_deep_enough_ring():
     assert race_task(fresh_pinned).check(fresh_pinned).correct
     assert race_task().check(fresh_pinned).correct  # the notebook's task carries no reference
+    assert race_task().check(ring(3)).correct and race_task().check(ring(5)).correct
+    assert not race_task().check(ring(2)).correct
 
 
 @pytest.mark.parametrize("wrong", [one_pinned_buffer, barrier, pageable, two_buffers])
