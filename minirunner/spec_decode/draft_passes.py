@@ -107,27 +107,35 @@ class DraftPasses:
         return self.draft.graphs.run(GraphKey(bucket, GraphKind.GREEDY, ids.shape[1]), max_seq_len)
 
     # -- after an eager step: the step read, every pass planned on the host ----------------------------
-    def after_eager_step(self, feeds: list[tuple[int, int, np.ndarray, bool]], requests, k: int
-                         ) -> DeviceDrafts | None:
-        """The passes after an eager step. ``feeds``: per scheduled request in batch order, (state row,
-        first position, the tokens to feed from there, whether it drafts: then its last token is the one
-        just sampled); ``requests``: the drafting ones' worker states, in order."""
+    def after_eager_step(self, query_ids: torch.Tensor, feeds: list[tuple[int, int, int, int, int | None]],
+                         requests, k: int) -> DeviceDrafts | None:
+        """The passes after an eager step whose query tokens are ``query_ids`` (its input buffer, on the
+        device). ``feeds``: per scheduled request in batch order, (state row, first position, offset of
+        its query in ``query_ids``, how many of its query tokens to feed, the token it just sampled to
+        feed after them, or None: it does not draft); ``requests``: the drafting ones' worker states."""
         rows = np.asarray([f[0] for f in feeds], dtype=np.int64)
-        lens = np.asarray([len(f[2]) for f in feeds], dtype=np.int64)
         starts = np.asarray([f[1] for f in feeds], dtype=np.int64)
-        if not lens.sum():
+        drafting = np.asarray([f[4] is not None for f in feeds], dtype=bool)
+        lens = np.asarray([f[3] for f in feeds], dtype=np.int64) + drafting
+        total = int(lens.sum())
+        if not total:
             return None
-        ids = np.concatenate([f[2] for f in feeds]).astype(np.int64)
-        offsets = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-        positions = np.repeat(starts, lens) + offsets
-        hidden = self.draft.forward(to_device(ids, self.device),
-                                    self._eager_meta(np.repeat(rows, lens), positions, lens, starts + lens))
-        drafting = np.asarray([f[3] for f in feeds], dtype=bool)
+        first = np.cumsum(lens) - lens
+        offsets = np.arange(total) - np.repeat(first, lens)
+        # each fed token's row in query_ids (a sampled token: any row, overwritten next)
+        src = np.repeat(np.asarray([f[2] for f in feeds], dtype=np.int64), lens) + offsets
+        ends = first + lens - 1  # each request's last fed token
+        src[ends[drafting]] = 0
+        ids = query_ids[to_device(src, self.device)]
+        if drafting.any():
+            ids[to_device(ends[drafting], self.device)] = to_device(
+                np.asarray([f[4] for f in feeds if f[4] is not None], dtype=np.int64), self.device)
+        hidden = self.draft.forward(ids, self._eager_meta(np.repeat(rows, lens), np.repeat(starts, lens)
+                                                          + offsets, lens, starts + lens))
         if k == 0 or not drafting.any():
             return None
         rows, pos = rows[drafting], (starts + lens - 1)[drafting]
-        last_rows = to_device(np.cumsum(lens)[drafting] - 1, self.device)
-        logits = self.draft.model.compute_logits(hidden[last_rows])
+        logits = self.draft.model.compute_logits(hidden[to_device(ends[drafting], self.device)])
         params = self._params(requests)
         pos_dev = to_device(pos, self.device)
         token, q_rows = self._draw(logits, None, params, pos_dev + 1)
@@ -139,8 +147,7 @@ class DraftPasses:
             token, q_rows = self._draw(self.draft.model.compute_logits(hidden), None, params, pos_dev + j + 1)
             tokens.append(token)
             qs.append(q_rows)
-        last = to_device(np.asarray([f[2][-1] for f, d in zip(feeds, drafting, strict=True) if d],
-                                    dtype=np.int64), self.device)
+        last = ids[to_device(ends[drafting], self.device)]
         return self._proposed(requests, rows, k, pos_dev, last, tokens, qs)
 
     def _eager_meta(self, token_rows: np.ndarray, positions: np.ndarray, lens: np.ndarray,

@@ -88,38 +88,34 @@ class Drafter:
             raise RuntimeError("a step launched ahead ran as a graph step, and so must the draft's passes "
                                "after it; this is a bug: please report it")
         else:
-            drafts = self._after_eager(sched, result.get_output(), rows, k)
+            drafts = self._after_eager(sched, result, rows, k)
         timer.stop()
         if drafts is not None:
             result.add_read(partial(self._read_device, drafts, timer), drafts.start, drafts.tokens)
 
-    def _after_eager(self, sched: SchedulerOutput, out: RunnerOutput, rows: np.ndarray, k: int):
-        """The draft's passes after an eager step (read: ``out.runs``): each request feeds its query's
-        tokens up to its last accepted one, and a request that goes on drafting the token it sampled."""
-        runs = dict(zip(out.req_ids, out.runs, strict=True))
-        computed, feeds, requests = sched.num_computed_tokens(), [], []
-        ids = self._query_ids(sched.total_num_scheduled_tokens)
-        t = 0
+    def _after_eager(self, sched: SchedulerOutput, result: AsyncOutput, rows: np.ndarray, k: int):
+        """The draft's passes after an eager step: each request feeds its query's tokens up to its last
+        accepted one, and a request that goes on drafting the token it sampled. The step is read first
+        when that needs its runs (drafts to propose, or drafts verified)."""
+        runs = {}
+        if k > 0 or sched.scheduled_spec_decode_tokens:
+            out = result.get_output()
+            runs = dict(zip(out.req_ids, out.runs, strict=True))
+        computed, feeds, requests, t = sched.num_computed_tokens(), [], [], 0
         for rid, row in zip(sched.num_scheduled_tokens, rows, strict=True):
-            n, start = sched.num_scheduled_tokens[rid], computed[rid]
-            query, t = ids[t:t + n], t + n
-            run = runs.get(rid)
-            if run is None:  # a prefill chunk that samples nothing
-                feeds.append((row, start, query, False))
-                continue
-            d = len(sched.scheduled_spec_decode_tokens.get(rid, ()))
-            keep = query[:n - d + len(run) - 1]  # known tokens and accepted drafts
-            state = self.state.requests[row]
-            drafting = k > 0 and not ends_request(state, start + len(keep) + 1, run) \
-                and start + len(keep) + 1 < state.max_len - 1
-            feeds.append((row, start, np.append(keep, run[-1]) if drafting else keep, drafting))
-            if drafting:
+            n, start, run = sched.num_scheduled_tokens[rid], computed[rid], runs.get(rid)
+            drafts = sched.scheduled_spec_decode_tokens.get(rid, ())
+            keep = n if run is None else n - len(drafts) + len(run) - 1  # known tokens, accepted drafts
+            state, sampled = self.state.requests[row], None
+            # it drafts unless the run ends it or no draft fits under its max_len
+            if run is not None and k > 0 and not ends_request(state, start + keep + 1, run) \
+                    and start + keep + 1 < state.max_len - 1:
+                sampled = run[-1]
                 requests.append(state)
-        return self.passes.after_eager_step(feeds, requests, k)
-
-    def _query_ids(self, num_tokens: int) -> np.ndarray:
-        """The eager step's query tokens, as its input buffer holds them (in-flight ones included)."""
-        return self.passes.buffers.input_ids[:num_tokens].cpu().numpy()
+            feeds.append((row, start, t, keep, sampled))
+            t += n
+        query = self.passes.buffers.input_ids[:sched.total_num_scheduled_tokens]
+        return self.passes.after_eager_step(query, feeds, requests, k)
 
     def _read_device(self, drafts: DeviceDrafts, timer: StepTimer, out: RunnerOutput,
                      start: torch.Tensor, tokens: torch.Tensor) -> None:
