@@ -83,7 +83,8 @@ class Drafter:
         if step.bucket is not None and self.passes.graph_fits(step.bucket, n, q, k):
             upper = max(sched.num_computed_tokens().values()) + q + k
             drafts = self.passes.after_graph_step(step.bucket, q, step.sampled, requests, rows, k, upper)
-            result.drafts = drafts
+            if drafts is not None and self.passes.graph_fits(step.bucket, n, k + 1, k):
+                result.drafts = drafts  # a verify step of them may run before this step is read
         elif step.ahead:
             raise RuntimeError("a step launched ahead ran as a graph step, and so must the draft's passes "
                                "after it; this is a bug: please report it")
