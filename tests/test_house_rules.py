@@ -69,9 +69,31 @@ def test_the_worker_never_imports_the_engine():
     assert not bad, f"the worker reads data (core/sched/output.py), not engine objects: {bad}"
 
 
+def test_the_draft_model_is_a_worker_component():
+    # Issue 53: the draft model shares the target's block tables, rows and step buffers. Nothing under
+    # spec_decode/ or worker/ imports the engine, and spec_decode/ builds no KV manager, runner,
+    # scheduler or sequence of its own.
+    bad = {}
+    for p in sorted((PACKAGE / "spec_decode").rglob("*.py")) + sorted((PACKAGE / "worker").rglob("*.py")):
+        tree = ast.parse(p.read_text())
+        names = set(_imports(p)) | {f"{n.module}.{a.name}" for n in ast.walk(tree)
+                                    if isinstance(n, ast.ImportFrom) and n.module for a in n.names}
+        hits = sorted(m for m in names if m == "minirunner.engine" or m.startswith("minirunner.engine.")
+                      or m.startswith("minirunner.kv.manager"))
+        if "spec_decode" in p.parts:
+            built = {n.func.id if isinstance(n.func, ast.Name) else n.func.attr for n in ast.walk(tree)
+                     if isinstance(n, ast.Call) and isinstance(n.func, (ast.Name, ast.Attribute))}
+            hits += sorted(built & {"KVCacheManager", "ContiguousKVManager", "BlockPool", "ModelRunner",
+                                    "Scheduler", "ScheduledRequest", "Sequence", "RunnableSequence",
+                                    "WorkerRowsSent", "Request"})
+        if hits:
+            bad[str(p.relative_to(ROOT))] = hits
+    assert not bad, f"the draft model reads the target's parts as data: {bad}"
+
+
 def test_a_step_reaches_the_device_only_through_execute():
     # Issue 33: ``ModelRunner.execute`` is the only way a step reaches the device; the draft model's
-    # passes after a verify replay run inside it (spec_decode/draft_passes.py, called by the drafter).
+    # passes after each step run inside it (spec_decode/draft_passes.py, called by the drafter).
     allowed = {PACKAGE / "worker" / "model_runner.py": ("run_model", "graphs.run"),
                PACKAGE / "distributed" / "tp_runner.py": ("run_model",),  # its override calls the base
                PACKAGE / "spec_decode" / "draft_passes.py": ("graphs.run",)}
@@ -107,9 +129,9 @@ def _writes_of(path: Path, attr: str) -> list[int]:
 
 def test_one_writer_of_num_computed_tokens():
     # DESIGN.md, "One writer per state": a request's host count is the scheduler's alone (cached tokens
-    # at admission, a fork's start, rejected drafts read from the runner's output). The draft model's
-    # proposer schedules its own runner over shadow sequences, so it writes their counts.
-    allowed = {"minirunner/engine/scheduler.py", "minirunner/spec_decode/draft_model.py"}
+    # at admission, a fork's start, rejected drafts read from the runner's output). The draft model
+    # keeps no count of its own: it runs over the target's tokens each step.
+    allowed = {"minirunner/engine/scheduler.py"}
     writers = {str(p.relative_to(ROOT)): lines for p in _modules()
                if (lines := _writes_of(p, "num_computed_tokens"))}
     assert set(writers) <= allowed, {k: v for k, v in writers.items() if k not in allowed}

@@ -142,4 +142,7 @@ def test_one_kv_budget_pays_for_the_target_and_the_draft_cache():
     draft = ModelConfig.from_dir(default_draft_dir()).kv_bytes_per_token(torch.float32)
     # both caches carry the runner's null block too, inside the same budget
     assert llm.engine.num_kv_blocks == budget // ((target + draft) * 16) - 1
-    assert llm.engine.spec.proposer.kv.pool.num_blocks == llm.engine.num_kv_blocks
+    # the draft's KV layers hold as many blocks as the target's: one block id indexes both
+    draft_caches = llm.engine.runner.drafter.kv_caches
+    assert [c.shape[0] for c in draft_caches] == [llm.engine.num_kv_blocks + 1] * len(draft_caches)
+    assert all(c.shape[0] == llm.engine.num_kv_blocks + 1 for c in llm.engine.runner.kv_caches)

@@ -61,8 +61,6 @@ def _run(llm, prompts, params, check=None):
     while engine.has_unfinished_requests():
         engine.step()
         engine.kv.check_invariants()
-        if engine.spec is not None and hasattr(engine.spec.proposer, "kv"):
-            engine.spec.proposer.kv.check_invariants()
         if check is not None:
             check(engine)
     return [engine.pop_finished(i) for i in ids]
@@ -205,20 +203,36 @@ def test_per_request_and_engine_metrics_agree_with_the_trace(pair):
             assert 0 <= accepted <= k <= 3
 
 
-def test_finished_requests_free_their_draft_kv_before_their_output_is_taken(pair):
-    """Requests queued behind a small max_num_seqs keep getting drafts: a finished request's draft blocks
-    return to the draft pool at the next step, whether or not its output has been popped yet."""
-    llm = LLM(pair["target"], device="cpu", attention_backend="torch", block_size=4, num_kv_blocks=24,
-              max_num_seqs=1, speculative_config=_spec(pair, "draft_model", 2))
-    engine, draft = llm.engine, llm.engine.spec.proposer
-    ids = [engine.add_request(p, GREEDY) for p in _prompts(4)]
+def test_preemption_and_finish_free_the_drafts_state_with_the_targets_rows(pair):
+    """A pool so small it preempts: the draft model's K/V lives in the target's blocks and its drafts in
+    the worker's rows, so a preempted or finished request leaves nothing of the draft behind (no q kept
+    without a row, every block back in the one pool), and the greedy tokens are the target's alone."""
+    prompts = _prompts(8)
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLM(pair["target"], device="cpu", attention_backend="torch")
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, greedy, use_tqdm=False)]
+    llm = LLM(pair["target"], device="cpu", attention_backend="torch", block_size=4, num_kv_blocks=26,
+              speculative_config=_spec(pair, "draft_model", 3))
+    engine, runner = llm.engine, llm.engine.runner
+    ids = [engine.add_request(p, greedy) for p in prompts]
+    preempted_seen = 0
     while engine.has_unfinished_requests():
         engine.step()
-        live = {r.request_id for r in engine.scheduler.running}
-        assert set(draft.seqs) <= live | {t for t in engine.trace[-1].finished_ids}
+        engine.kv.check_invariants()
+        rows = set(runner.state.row_of)
+        assert set(runner.drafter.probs) <= rows, "draft q kept for a request the worker forgot"
+        for request in engine.scheduler.waiting:
+            if request.num_preemptions:  # preempted this step or before: its rows went with the data
+                preempted_seen += 1
+                assert request.request_id not in rows and request.request_id not in runner.drafter.probs
+    assert preempted_seen, "the tiny pool was meant to preempt"
+    assert sum(t.num_preempted for t in engine.trace) > 0
+    outputs = [engine.pop_finished(i) for i in ids]
+    assert [o.outputs[0].token_ids for o in outputs] == want
+    assert engine.block_pool.num_used_blocks == 0  # the draft holds no pool of its own
+    assert set(runner.state.row_of) <= set(engine.trace[-1].finished_ids)  # forgotten with the next step
     drafted = {rid for t in engine.trace for rid in t.spec_runs}
-    assert drafted == set(ids), "a request queued behind the others never got drafts"
-    assert all(engine.pop_finished(i).outputs[0].token_ids for i in ids)
+    assert drafted == set(ids), "a request never got drafts"
 
 
 def test_batch_size_table_turns_speculation_off_for_large_batches(pair, plain_outputs):

@@ -46,8 +46,8 @@ def test_compiled_verify_step_gives_the_eager_tokens(pair, method):  # noqa: F81
     # greedy drafts carry one-hot q (a greedy draft pass takes the argmax): the one-hot verify kind
     assert GraphKey(2, GraphKind.VERIFY_ONEHOT, K + 1) in compiled.engine.runner.graphs.keys()
     if method == "draft_model":  # the draft's one-token passes replay too
-        draft_runner = compiled.engine.spec.proposer.runner
-        assert GraphKey(2, GraphKind.GREEDY) in draft_runner.graphs.keys()
+        draft = compiled.engine.runner.drafter.proposer
+        assert GraphKey(2, GraphKind.GREEDY) in draft.graphs.keys()
 
     # Sampling: noise keyed by (seed, position) makes the compiled run's tokens those of eager.
     sampled = SamplingParams(temperature=0.9, seed=7, max_tokens=14, ignore_eos=True)

@@ -1,10 +1,10 @@
 """Building an engine's parts once: the model (or, under tensor parallelism, the worker processes and rank
 0's shard), the KV budget, the attention backend, the KV manager, the scheduler, the model runner (graphs
-enabled) and the speculator.
+enabled), the proposer the runner drafts with and the speculator.
 
 Owns the construction order and the sizing rules (how many KV blocks a budget buys, with a draft
-model's cache paid from the same budget; the prefix-cache salt). The draft model is
-built through the same ``make_backend`` and ``ModelRunner`` as the target. It never runs a step.
+model's cache paid from the same budget: its KV layers hold as many blocks as the target's, indexed by
+the same block ids; the prefix-cache salt). It never runs a step.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from minirunner.model.decoder import DecoderLM
 from minirunner.model.loader import load_model
 from minirunner.model.tensor_parallel import local_config, plan_shards
 from minirunner.spec_decode.config import SpeculativeConfig
+from minirunner.spec_decode.draft_model import DraftModel
+from minirunner.spec_decode.ngram import NgramProposer
 from minirunner.spec_decode.speculator import Speculator
 from minirunner.worker.memory_profile import profile_kv_budget
 from minirunner.worker.model_runner import ModelRunner
@@ -92,12 +94,17 @@ def build_engine(config: EngineConfig, mc: ModelConfig) -> EngineParts:
                              capture_sizes(config.max_num_seqs, config.cudagraph_capture_sizes),
                              0 if spec_config is None else spec_config.max_num_speculative_tokens,
                              draft_q=spec_config is not None and spec_config.method == "draft_model")
-    spec = None if spec_config is None else Speculator(spec_config, config, num_blocks)
-    if spec is not None:  # the runner proposes after sampling
-        runner.set_proposer(spec.proposer)
+    spec = None if spec_config is None else Speculator(spec_config)
+    if spec_config is not None:  # the runner proposes after sampling
+        runner.set_proposer(DraftModel(spec_config.model, config, num_blocks,
+                                       spec_config.max_num_speculative_tokens)
+                            if spec_config.method == "draft_model"
+                            else NgramProposer(spec_config.prompt_lookup_min, spec_config.prompt_lookup_max))
+    # a draft model writes its drafts' K/V past the step: the scheduler sets their slots aside
+    lookahead = spec_config is not None and spec_config.method == "draft_model"
     return EngineParts(model, spec_config, num_blocks, backend, kv,
                        Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                 config.scheduling_policy), runner, spec,
+                                 config.scheduling_policy, draft_lookahead=lookahead), runner, spec,
                        num_threads)
 
 

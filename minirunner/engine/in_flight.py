@@ -65,5 +65,7 @@ def may_verify_ahead(step: InFlightStep, scheduler, kv, k: int, max_model_len: i
                 or r.params.prompt_logprobs is not None or ahead + k + 1 > r.max_len \
                 or ahead + 2 * k + 1 > max_model_len:
             return False
-        blocks += max(0, kv.blocks_for_tokens(r.num_computed_tokens + k + 1) - len(kv.table(r.request_id)))
+        # the step's k + 1 tokens, and the lookahead the draft's passes after it write (k)
+        need = min(r.num_computed_tokens + 2 * k + 1, max(r.max_len - 1, r.num_computed_tokens + k + 1))
+        blocks += max(0, kv.blocks_for_tokens(need) - len(kv.table(r.request_id)))
     return blocks <= kv.pool.num_free_blocks

@@ -65,8 +65,11 @@ class ScheduledStep:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 policy: str = "fcfs"):
+                 policy: str = "fcfs", draft_lookahead: bool = False):
         self.kv = kv
+        # a draft model's passes after a step write K/V for its k drafts past the step's tokens (the
+        # slots each request's blocks set aside: vLLM's lookahead slots)
+        self.draft_lookahead = draft_lookahead
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting = create_request_queue(policy)  # FCFS (a deque) or by priority: request_queue.py
@@ -133,7 +136,7 @@ class Scheduler:
                 i += 1  # it ends, or its logits need the token in flight, when that token is read
                 continue
             num_new = min(num_known + len(request.spec_token_ids), budget)
-            while not self.kv.allocate(request, num_new):
+            while not self.kv.allocate(request, num_new + self._lookahead(request, num_new, num_spec_tokens)):
                 if self._release_waiting_blocks():
                     continue
                 victim = self.running.pop()
@@ -166,7 +169,8 @@ class Scheduler:
             fresh = request.num_computed_tokens == 0 and request.num_preemptions == 0
             # Admit only while every running request could still grow by one block: admitting into
             # the last free blocks just forces a preemption (and a recompute) a few steps later.
-            if not self.kv.allocate(request, num_new, cached, headroom=len(self.running)):
+            lookahead = self._lookahead(request, num_new + len(cached) * self.kv.block_size, num_spec_tokens)
+            if not self.kv.allocate(request, num_new + lookahead, cached, headroom=len(self.running)):
                 # Running requests free blocks as they finish; with none left, only the waiting
                 # completions behind this one can (each request alone fits the pool: admission checks).
                 if not self.running and self._release_waiting_blocks(keep=request):
@@ -197,6 +201,13 @@ class Scheduler:
             out.output.finished_req_ids, self._finished = self._finished, set()
             out.output.block_copies = self.kv.take_copies()
         return out
+
+    def _lookahead(self, request: Request, num_new: int, k: int) -> int:
+        """The slots set aside past a step of ``num_new`` tokens for a draft model's k drafts: none past
+        the request's last useful position (max_len - 1)."""
+        if not self.draft_lookahead:
+            return 0
+        return max(0, min(k, request.max_len - 1 - request.num_computed_tokens - num_new))
 
     def _release_waiting_blocks(self, keep: Request | None = None) -> bool:
         """Drop the block references of the waiting request nearest the back of the queue that holds

@@ -1,8 +1,7 @@
 """RunnableSequence: what the KV manager and the step's data builder (engine/step_data.py) read of
-anything the engine runs — a Request, or the draft model's own shadow sequence of one
-(spec_decode/draft_model.py). The worker never sees one: it reads the data.
+anything the engine runs (a Request). The worker never sees one: it reads the data.
 
-Owns the protocol only; both implementations declare it explicitly, so neither fakes the other's fields.
+Owns the protocol only; an implementation declares it explicitly.
 """
 
 from __future__ import annotations

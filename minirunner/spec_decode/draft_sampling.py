@@ -2,8 +2,7 @@
 own temperature, top-k and top-p and noise independent of the target's.
 
 Owns the draft's per-request sampling parameters on the device and the draw (device ops only: nothing is
-read back), for the draft model's host-scheduled passes (spec_decode/draft_model.py) and its passes on
-the device (spec_decode/draft_passes.py).
+read back), for the draft model's passes (spec_decode/draft_passes.py).
 """
 
 from __future__ import annotations

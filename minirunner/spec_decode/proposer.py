@@ -1,7 +1,9 @@
 """Proposer: what the worker asks of a way of drafting tokens (a draft model, or n-gram lookup).
 
 Owns the protocol and its input (``DraftInput``: one request's tokens and sampling parameters, as the
-worker's state row holds them); each proposer declares the protocol explicitly.
+worker's state row holds them); each proposer declares the protocol explicitly. A host proposer (n-gram)
+drafts from the tokens read; the draft model (``proposes_on_device``) runs its passes inside the
+worker's step instead (worker/drafter.py) and is not asked to ``propose``.
 """
 
 from __future__ import annotations

@@ -3,31 +3,24 @@
 Owns choosing k for each step (fixed, by batch-size table, or acceptance-driven), the gate that drops the
 drafts of a request that needs the logits processors or logprobs (it is verified with k = 0 in the same
 step as the others), and the metrics (per request, engine-wide, per step). The
-drafts themselves are proposed by the worker after sampling (worker/drafter.py, with ``proposer``) and
+drafts themselves are proposed by the worker after sampling (worker/drafter.py, with the proposer
+engine/build.py gives the runner) and
 reach the scheduler as data (``Scheduler.update_draft_token_ids``). Never runs a model, never appends
 tokens and never touches the target's KV cache (the scheduler rolls back num_computed_tokens).
 """
 
 from __future__ import annotations
 
-from minirunner.engine.request import Request
-from minirunner.engine.scheduler import ScheduledRequest
 from minirunner.spec_decode.config import SpeculativeConfig
-from minirunner.spec_decode.draft_model import DraftModelProposer
 from minirunner.spec_decode.dynamic import AcceptanceDrivenK
 from minirunner.spec_decode.metrics import SpecStats
-from minirunner.spec_decode.ngram import NgramProposer
 from minirunner.worker.logits_processing import needs_logits_processors
 from minirunner.worker.runner_output import RunnerOutput
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, engine_config, num_blocks: int):
+    def __init__(self, config: SpeculativeConfig):
         self.config = config
-        if config.method == "draft_model":
-            self.proposer = DraftModelProposer(config.model, engine_config, num_blocks)
-        else:
-            self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         self.dynamic = AcceptanceDrivenK(config.num_speculative_tokens, config.cost_ratio) \
             if config.dynamic_k == "acceptance" else None
         self.stats = SpecStats()
@@ -43,11 +36,11 @@ class Speculator:
             return self.dynamic.choose(self.stats)
         return self.config.k_for_batch_size(batch_size)
 
-    def step_k(self, running: list[Request]) -> int:
+    def step_k(self, running: list) -> int:
         """The k a step of ``running`` proposes (pure: :meth:`choose_k`'s)."""
         return self.choose_k(len(running))
 
-    def plan(self, running: list[Request]) -> int:
+    def plan(self, running: list) -> int:
         """Before a step is scheduled: the k its worker proposes after sampling (for the next step).
 
         The rejection sampler knows temperature, top-k and top-p only: a request that needs the
@@ -70,7 +63,7 @@ class Speculator:
         self.propose_s = out.propose_s
         return out.draft_token_ids
 
-    def verified(self, sampling: list[ScheduledRequest], runs: list[list[int]], kv, propose_s: float,
+    def verified(self, sampling: list, runs: list[list[int]], kv, propose_s: float,
                  verify_s: float, plain_decode: bool = False) -> dict[str, list[int]]:
         """After a verify step was applied and the scheduler rolled back each request's rejected drafts
         (``Scheduler.update_from_output``): count what was accepted and give back the blocks past each
@@ -86,7 +79,7 @@ class Speculator:
         return self.record_runs([s.request for s in sampling], [len(s.draft_token_ids) for s in sampling],
                                 runs, propose_s, verify_s)
 
-    def record_runs(self, requests: list[Request], ks: list[int], runs: list[list[int]],
+    def record_runs(self, requests: list, ks: list[int], runs: list[list[int]],
                     propose_s: float, verify_s: float) -> dict[str, list[int]]:
         """:meth:`record` for requests[i] having verified ks[i] drafts into runs[i]."""
         per_step = {}
@@ -107,7 +100,7 @@ class Speculator:
         return per_step
 
 
-def needs_plain_sampling(request: Request) -> bool:
+def needs_plain_sampling(request) -> bool:
     """Does the request need what only the plain sampler does (logits processors, sampled logprobs)? A
     grammar does not: its bitmask applies to the verified rows too (structured_output/)."""
     return needs_logits_processors(request) or request.params.logprobs is not None

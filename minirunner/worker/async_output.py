@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from minirunner.spec_decode.rejection_sampler import emitted_runs
@@ -28,7 +29,8 @@ class DeviceDrafts:
     """Drafts proposed on the device after a verify step sampled, before the host read it (MRv2's
     draft row): per request, in ``req_ids`` order, ``start`` the position of its last verified token
     (int64 [n]), ``last`` that token ([n]), ``tokens`` the k drafts after it ([n, k]) and ``q`` the
-    draft model's distributions ([n * k, vocab]; None: greedy drafts, one-hot)."""
+    draft model's distributions ([n * k, vocab]; None: greedy drafts, one-hot); ``rows`` the requests'
+    worker state rows (the draft's device rows hold the same drafts there)."""
 
     req_ids: list[str]
     k: int
@@ -36,6 +38,7 @@ class DeviceDrafts:
     last: torch.Tensor
     tokens: torch.Tensor
     q: torch.Tensor | None
+    rows: np.ndarray | None = None
 
 
 @dataclass(eq=False)

@@ -194,14 +194,16 @@ class StepBuffers:
         self.input_ids.index_copy_(0, idx[0], tokens.index_select(0, idx[1]))
 
     def write_uniform(self, bucket: int, n: int, ids: torch.Tensor, positions: torch.Tensor,
-                      sample_positions: torch.Tensor | None = None) -> None:
+                      sample_positions: torch.Tensor | None = None,
+                      slots: torch.Tensor | None = None) -> None:
         """Rows [0, bucket) for a uniform graph step of q tokens per row, on the device: rows < n from
-        ids and positions (int64 [n, q]), slots from the block tables already written; rows >= n padding
-        rows as ``write_padding_rows`` leaves them; query_start_loc 0, q, 2q, ...; ``sample_positions``
-        (int64 [n], padding 0) when the step samples."""
+        ids, positions and ``slots`` (int64 [n, q]; None: from the block tables already written); rows
+        >= n padding rows as ``write_padding_rows`` leaves them; query_start_loc 0, q, 2q, ...;
+        ``sample_positions`` (int64 [n], padding 0) when the step samples."""
         q = ids.shape[1]
         m, total = n * q, bucket * q
-        slots = slot_of(self.block_tables[:n].long(), positions, self.block_size)
+        if slots is None:
+            slots = slot_of(self.block_tables[:n].long(), positions, self.block_size)
         for buf, value, name in ((self.input_ids, ids, "input_ids"), (self.positions, positions, "positions"),
                                  (self.slot_mapping, slots, "slot_mapping")):
             buf[:m].copy_(value.reshape(-1))

@@ -42,8 +42,8 @@ class GraphKind(enum.Enum):
     device code too, a separate kind only because greedy and plain temperature batches should not pay a
     full-vocabulary sort). Verify (query length k + 1): the rejection sampler over every request's k + 1
     rows, with the draft model's q read from a buffer (VERIFY) or one-hot drafts (VERIFY_ONEHOT, n-gram).
-    GREEDY also runs at query length q > 1: every token row's argmax and logits (the draft model's 2-token
-    first pass after a verify step, spec_decode/draft_passes.py)."""
+    GREEDY also runs at query length q > 1: every token row's argmax and logits (the draft model's first
+    pass after a graph step, its query and the token it sampled, spec_decode/draft_passes.py)."""
 
     GREEDY = "greedy"
     SAMPLE = "sample"
@@ -87,7 +87,7 @@ class CudaGraphManager:
     speculative decoding), which sizes the buffer of the draft model's q ([largest bucket * k, vocab]
     fp32, made on first use; ``draft_q``: whether VERIFY steps, which read it, will run, as opposed to
     VERIFY_ONEHOT only). ``extra_query_lens``: further GREEDY query lengths a run replays (the draft's
-    2-token pass). ``rejection_sampler``: what a verify step ends with (the runner's; None: a new one).
+    first pass). ``rejection_sampler``: what a verify step ends with (the runner's; None: a new one).
     """
 
     def __init__(self, buffers, model, backend, kv_caches, mode: str, sizes: Sequence[int],

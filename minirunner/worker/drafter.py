@@ -1,15 +1,15 @@
 """Drafter: the worker's side of speculative decoding — drafts proposed after sampling, their q kept
 for the step that verifies them.
 
-Owns the hand-off between a step's sampled runs and the proposer (n-gram or draft model, given to the
-runner). After a uniform verify replay a draft model proposes on the device, from the step's device
-outputs (spec_decode/draft_passes.py): nothing is read, the drafts stay in a device row the next step
-gathers (``AsyncOutput.drafts``), and they come back as data when the step is read. Otherwise the step
-is read and each sampling request's tokens are taken from the worker's own state row plus the run it
-just emitted. Either way each request's k is capped by its ``max_len``, a request the step ends gets
-none, and the drafts go back as data (``RunnerOutput.draft_token_ids``). It keeps each draft's q until
-the next step gathers the scheduled ones. It never decides k (the scheduler's data says) and never
-reads an engine object.
+Owns the hand-off between a step's sampled tokens and the proposer given to the runner. A draft model
+(spec_decode/draft_model.py) runs after every step, inside ``execute``
+(spec_decode/draft_passes.py): after a graph step its passes stay on the device (nothing is read; the
+drafts also go in ``AsyncOutput.drafts`` for a step launched before this one is read); after an eager
+step the step is read first. A host proposer (n-gram) reads the step and drafts from each request's
+tokens: its worker state row plus the run it just emitted. Either way each request's k is capped by its
+``max_len``, a request the step ends gets none, and the drafts go back as data
+(``RunnerOutput.draft_token_ids``). It keeps each draft's q until the next step gathers the scheduled
+ones. It never decides k (the scheduler's data says) and never reads an engine object.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 from minirunner.core.host_copy import to_device
 from minirunner.core.sched.output import SchedulerOutput
 from minirunner.kernels.rejection_sampling import one_hot_probs
+from minirunner.spec_decode.draft_passes import DraftPasses
 from minirunner.spec_decode.proposer import DraftInput, Proposer
 from minirunner.worker.async_output import AsyncOutput, DeviceDrafts, StepTimer
 from minirunner.worker.runner_output import RunnerOutput
@@ -31,25 +32,28 @@ from minirunner.worker.states import CachedRequestState, RequestStateRows
 
 
 @dataclass(eq=False)
-class VerifyStep:
-    """A uniform verify step replayed as ``bucket``: its emitted runs ([n, q] on the device) and, when it
-    was built from drafts proposed on the device (``ahead``), its inputs there (``start`` [n], ``ids``
-    [n, q]); None: the host's data holds them."""
+class LaunchedStep:
+    """What the drafter proposes from: the step's graph ``bucket`` (None: it ran eager), its query
+    length per row (a graph step's), and its sampled tokens on the device ([n] one each, or emitted
+    runs [n, q], -1 after each ends; None: nothing sampled). ``ahead``: it was launched before the
+    step that proposed its drafts was read (its tokens are on the device only)."""
 
-    bucket: int
-    runs: torch.Tensor
-    start: torch.Tensor | None = None
-    ids: torch.Tensor | None = None
+    bucket: int | None
+    query_len: int
+    sampled: torch.Tensor | None
+    ahead: bool = False
 
-    @property
-    def ahead(self) -> bool:
-        return self.start is not None
+
+EAGER_STEP = LaunchedStep(None, 1, None)  # an eager step: the drafter reads its output
 
 
 class Drafter:
-    def __init__(self, proposer: Proposer, state: RequestStateRows, device: torch.device):
+    def __init__(self, proposer: Proposer, state: RequestStateRows, device: torch.device, buffers=None):
         self.proposer, self.state, self.device = proposer, state, device
-        self.passes = getattr(proposer, "device_passes", None)  # a draft model's passes on the device
+        self.passes = None
+        if getattr(proposer, "proposes_on_device", False):  # a draft model, over the target's buffers
+            proposer.attach(buffers)
+            self.passes = DraftPasses(proposer, buffers, state)
         self.probs: dict[str, torch.Tensor] = {}  # request id -> q of its last drafts
 
     @property
@@ -57,66 +61,84 @@ class Drafter:
         """Whether drafts may come with the draft model's q (a draft model), not one-hot (n-gram)."""
         return self.passes is not None
 
-    def propose(self, sched: SchedulerOutput, result: AsyncOutput, verify: VerifyStep | None) -> None:
-        """Propose ``sched.num_spec_tokens`` drafts after the step ``result`` sampled: on the device after
-        a verify replay when the draft model can (``result.drafts``; nothing is read), else from the
-        tokens read (:meth:`propose_read`). A step built ahead whose drafts cannot be proposed on the
-        device proposes none (its tokens are not on the host)."""
-        if verify is not None and self.passes is not None and self._propose_on_device(sched, result, verify):
+    @property
+    def kv_caches(self) -> list[torch.Tensor]:
+        """The draft's KV cache tensors (indexed by the target's block ids), if any."""
+        return [] if self.passes is None else self.proposer.kv_caches
+
+    def propose(self, sched: SchedulerOutput, result: AsyncOutput, step: LaunchedStep) -> None:
+        """Propose ``sched.num_spec_tokens`` drafts after the step ``result`` sampled. A draft model
+        runs after every step, k = 0 included (its cache keeps step with the target's); a host
+        proposer reads the step (:meth:`propose_read`), unless it was launched ahead (its tokens are not
+        on the host) or asks for no drafts."""
+        if self.passes is None:
+            if sched.num_spec_tokens and not step.ahead:
+                self.propose_read(sched, result.get_output())
             return
-        if verify is None or not verify.ahead:
-            self.propose_read(sched, result.get_output())
-
-    def _propose_on_device(self, sched: SchedulerOutput, result: AsyncOutput, verify: VerifyStep) -> bool:
-        k, state = sched.num_spec_tokens, self.state
+        timer, k = StepTimer(self.device), sched.num_spec_tokens
         rids = list(sched.num_scheduled_tokens)
-        rows = [state.requests[state.row_of[rid]] for rid in rids]
-        computed = sched.num_computed_tokens()
-        starts = [computed[rid] for rid in rids]
-        drafts = [sched.scheduled_spec_decode_tokens.get(rid, []) for rid in rids]
-        if not self.passes.ready(rids, starts, drafts, verify.bucket, k, verify.ahead):
-            return False
-        start, ids = verify.start, verify.ids
-        if start is None:  # the verify step's inputs, from the host's data (staged copies)
-            start = to_device(np.asarray(starts, dtype=np.int64), self.device)
-            known = [r.token_ids[s:s + len(d) + 1] for r, s, d in zip(rows, starts, drafts, strict=True)]
-            ids = to_device(np.stack(known), self.device)
-        timer = StepTimer(self.device)
-        requests = [DraftInput(r.req_id, (), r.params, r.seed) for r in rows]
-        capacity = [s + n + k for s, n in zip(starts, sched.num_scheduled_tokens.values(), strict=True)]
-        device_drafts = self.passes.launch(requests, k, verify.bucket, start, ids, verify.runs, capacity)
-        if device_drafts is None:
-            return False
+        rows = np.asarray([self.state.row_of[r] for r in rids], dtype=np.int64)
+        requests = [self.state.requests[i] for i in rows]
+        n, q = len(rids), step.query_len
+        if step.bucket is not None and self.passes.graph_fits(step.bucket, n, q, k):
+            upper = max(sched.num_computed_tokens().values()) + q + k
+            drafts = self.passes.after_graph_step(step.bucket, q, step.sampled, requests, rows, k, upper)
+            if drafts is not None and self.passes.graph_fits(step.bucket, n, k + 1, k):
+                result.drafts = drafts  # a verify step of them may run before this step is read
+        elif step.ahead:
+            raise RuntimeError("a step launched ahead ran as a graph step, and so must the draft's passes "
+                               "after it; this is a bug: please report it")
+        else:
+            drafts = self._after_eager(sched, result, rows, k)
         timer.stop()
-        result.drafts = device_drafts
-        result.add_read(partial(self._read_device, device_drafts, self.passes.num_launches, timer),
-                        device_drafts.start, device_drafts.tokens)
-        return True
+        if drafts is not None:
+            result.add_read(partial(self._read_device, drafts, timer), drafts.start, drafts.tokens)
 
-    def _read_device(self, drafts: DeviceDrafts, launch: int, timer: StepTimer, out: RunnerOutput,
+    def _after_eager(self, sched: SchedulerOutput, result: AsyncOutput, rows: np.ndarray, k: int):
+        """The draft's passes after an eager step: each request feeds its query's tokens up to its last
+        accepted one, and a request that goes on drafting the token it sampled. The step is read first
+        when that needs its runs (drafts to propose, or drafts verified)."""
+        runs = {}
+        if k > 0 or sched.scheduled_spec_decode_tokens:
+            out = result.get_output()
+            runs = dict(zip(out.req_ids, out.runs, strict=True))
+        computed, feeds, requests, t = sched.num_computed_tokens(), [], [], 0
+        for rid, row in zip(sched.num_scheduled_tokens, rows, strict=True):
+            n, start, run = sched.num_scheduled_tokens[rid], computed[rid], runs.get(rid)
+            drafts = sched.scheduled_spec_decode_tokens.get(rid, ())
+            keep = n if run is None else n - len(drafts) + len(run) - 1  # known tokens, accepted drafts
+            state, sampled = self.state.requests[row], None
+            # it drafts unless the run ends it or no draft fits under its max_len
+            if run is not None and k > 0 and not ends_request(state, start + keep + 1, run) \
+                    and start + keep + 1 < state.max_len - 1:
+                sampled = run[-1]
+                requests.append(state)
+            feeds.append((row, start, t, keep, sampled))
+            t += n
+        query = self.passes.buffers.input_ids[:sched.total_num_scheduled_tokens]
+        return self.passes.after_eager_step(query, feeds, requests, k)
+
+    def _read_device(self, drafts: DeviceDrafts, timer: StepTimer, out: RunnerOutput,
                      start: torch.Tensor, tokens: torch.Tensor) -> None:
         """The step was read: its runs go to the worker's rows, its device drafts (capped, none for a
-        request the step ended) to ``out.draft_token_ids``, their q kept, the draft's shadows updated."""
+        request the step ended) to ``out.draft_token_ids``, their q kept."""
         state, runs, k = self.state, dict(zip(out.req_ids, out.runs, strict=True)), drafts.k
-        tokens, verified = tokens.tolist(), {}
+        tokens = tokens.tolist()
         for i, (rid, last) in enumerate(zip(drafts.req_ids, start.tolist(), strict=True)):
             index = state.row_of.get(rid)
             if index is None:  # finished or aborted since
                 continue
             row, run = state.requests[index], runs[rid]
             row.write_tokens(last + 1 - len(run), np.asarray(run, dtype=np.int64), [])
-            if ends_request(row, row.num_tokens, run):
-                self.free(rid)
-                continue
-            verified[rid] = row.token_ids[:row.num_tokens].tolist()
             n = min(k, row.max_len - row.num_tokens - 1)
-            if n > 0:
-                out.draft_token_ids[rid] = tokens[i][:n]
+            if ends_request(row, row.num_tokens, run) or n <= 0:
+                self.probs.pop(rid, None)
+                continue
+            out.draft_token_ids[rid] = tokens[i][:n]
             if drafts.q is not None:
                 self.probs[rid] = drafts.q.view(len(drafts.req_ids), k, -1)[i]
             else:
                 self.probs.pop(rid, None)
-        self.passes.read(drafts, launch, verified, tokens)
         out.propose_s = timer.seconds()
 
     def propose_read(self, sched: SchedulerOutput, out: RunnerOutput) -> None:
@@ -124,7 +146,7 @@ class Drafter:
         (``out.runs`` read), and for every prefill chunk that ended one token short of its request's
         known tokens (the next step feeds that token with the drafts), into ``out.draft_token_ids``;
         ``out.propose_s`` the host time it took. A request the step ends (length, EOS, a stop token id)
-        gets none, and its proposer state is freed first (a draft model's pool may be short)."""
+        gets none."""
         t0 = time.perf_counter()
         state, k = self.state, sched.num_spec_tokens
         runs = dict(zip(out.req_ids, out.runs, strict=True))
@@ -140,7 +162,6 @@ class Drafter:
             else:
                 tokens = np.concatenate([row.token_ids[:row.num_tokens], np.asarray(run, dtype=np.int64)])
                 if ends_request(row, len(tokens), run):
-                    self.proposer.free(rid)
                     continue
             # a step emits up to k + 1 tokens: never past max_len (prompt + max_tokens, max_model_len)
             n = min(k, row.max_len - len(tokens) - 1)
@@ -151,8 +172,8 @@ class Drafter:
         out.propose_s = time.perf_counter() - t0
 
     def propose_inputs(self, inputs: list[DraftInput], ks: list[int]) -> dict[str, list[int]]:
-        """Draft ks[i] tokens for inputs[i]: request id -> its drafts (their q kept, the last kept
-        forgotten)."""
+        """Draft ks[i] tokens for inputs[i] with a host proposer: request id -> its drafts (their q
+        kept, the last kept forgotten)."""
         self.probs.clear()
         drafts = {}
         if inputs:
@@ -180,11 +201,10 @@ class Drafter:
         return torch.cat(rows) if rows else None
 
     def free(self, request_id: str) -> None:
-        """Forget a finished or aborted request's draft state."""
+        """Forget a finished, aborted or preempted request's draft state (its rows go with the
+        worker's)."""
         self.probs.pop(request_id, None)
         self.proposer.free(request_id)
-        if self.passes is not None:
-            self.passes.free(request_id)
 
 
 def ends_request(row: CachedRequestState, num_tokens: int, run: list[int]) -> bool:

@@ -32,7 +32,7 @@ from minirunner.spec_decode.proposer import Proposer
 from minirunner.worker.async_output import AsyncOutput, DeviceDrafts, PrevSampled, StepTimer
 from minirunner.worker.buffers import StepBuffers
 from minirunner.worker.cudagraph import CudaGraphManager, GraphKey, GraphKind
-from minirunner.worker.drafter import Drafter, VerifyStep
+from minirunner.worker.drafter import EAGER_STEP, Drafter, LaunchedStep
 from minirunner.worker.input_batch import InputBatch, graph_rows, prepare_input_batch
 from minirunner.worker.runner_output import RunnerOutput, StepGraphInfo
 from minirunner.worker.sampler import Sampler
@@ -70,8 +70,9 @@ class ModelRunner:
         self.drafter: Drafter | None = None
 
     def set_proposer(self, proposer: Proposer) -> None:
-        """Propose drafts after sampling with ``proposer`` (n-gram, or a draft model's proposer)."""
-        self.drafter = Drafter(proposer, self.state, self.device)
+        """Propose drafts after sampling with ``proposer`` (n-gram, or a draft model: it shares this
+        runner's block tables, rows and step buffers)."""
+        self.drafter = Drafter(proposer, self.state, self.device, self.buffers)
 
     def enable_graphs(self, mode: str, sizes: list[int], max_draft_tokens: int = 0, draft_q: bool = False,
                       extra_query_lens: tuple[int, ...] = ()) -> CudaGraphManager:
@@ -107,18 +108,18 @@ class ModelRunner:
         if not src:
             return
         s, d = to_device(np.asarray([src, dst], dtype=np.int64), self.device)  # staged, pinned
-        for cache in self.kv_caches:
+        for cache in self.kv_caches + ([] if self.drafter is None else self.drafter.kv_caches):
             cache[d] = cache[s]
 
     def _apply_before_step(self, sched: SchedulerOutput) -> None:
-        """Forget finished and preempted requests' rows (a preempted one keeps its logits-processor and
-        drafter state), then copy KV blocks (copy-on-write): what the step's data says comes first."""
+        """Forget finished and preempted requests' rows and drafts (a preempted one keeps its logits
+        processors), then copy KV blocks (copy-on-write): what the step's data says comes first."""
         for rid in sched.finished_req_ids:
             self.sampler.logits_processors.release(rid)
-            if self.drafter is not None:
-                self.drafter.free(rid)
         for rid in (*sched.finished_req_ids, *sched.preempted_req_ids):
             self.state.release(rid)
+            if self.drafter is not None:
+                self.drafter.free(rid)
         if sched.block_copies:
             self.copy_blocks([c[0] for c in sched.block_copies], [c[1] for c in sched.block_copies])
 
@@ -189,14 +190,14 @@ class ModelRunner:
         queued: ``get_output()`` of the result is the step's RunnerOutput (nothing is kept on the
         runner). prev: the sampled tokens of the step still in flight, which this step's requests feed
         (async scheduling), or None."""
-        result, verify = self._launch(scheduler_output, prev)
-        if self.drafter is not None and scheduler_output.num_spec_tokens:
-            self.drafter.propose(scheduler_output, result, verify)
+        result, step = self._launch(scheduler_output, prev)
+        if self.drafter is not None:
+            self.drafter.propose(scheduler_output, result, step)
         return result
 
     def _launch(self, sched: SchedulerOutput, prev: PrevSampled | None
-                ) -> tuple[AsyncOutput, VerifyStep | None]:
-        """Queue the step; returns its output and, for a verify replay, what the drafter proposes from."""
+                ) -> tuple[AsyncOutput, LaunchedStep]:
+        """Queue the step; returns its output and what the drafter proposes from."""
         timer = StepTimer(self.device)
         self._apply_before_step(sched)
         self.update_states(sched)
@@ -217,31 +218,32 @@ class ModelRunner:
             first = np.arange(n) * query_len
             sampler.resample_processed(runs, out.logits, first, inputs)
             return AsyncOutput(out, runs, self._logprobs(out.logits, inputs, first), timer), \
-                VerifyStep(bucket, runs)
+                LaunchedStep(bucket, query_len, runs)
         if bucket is not None:
             tokens, out.logits, out.graph = self._replay(bucket, sampler.graph_kind(inputs.sample_rows), n,
                                                          inputs.meta.max_seq_len)
             tokens = tokens.clone()
             sampler.resample_processed(tokens, out.logits, np.arange(n), inputs)
-            return AsyncOutput(out, tokens, self._logprobs(out.logits, inputs), timer), None
+            return AsyncOutput(out, tokens, self._logprobs(out.logits, inputs), timer), \
+                LaunchedStep(bucket, 1, tokens)
         hidden = self.run_model(inputs)
         out.graph = self.graphs.eager_step_info(len(inputs.input_ids), graph) if self.graphs is not None \
             else StepGraphInfo(reason=graph)
         out.prompt_logprobs = score_prompts(self.logits_at, hidden, self.state.prompt_spans(sched))
         if not n:
-            return AsyncOutput(out, timer=timer), None
+            return AsyncOutput(out, timer=timer), EAGER_STEP
         out.logits = self.compute_logits(hidden, inputs)
         if len(inputs.draft_token_ids):
             runs = sampler.verify(out.logits, inputs.sample_rows, inputs.draft_token_ids,
                                   inputs.num_drafts, inputs.sample_positions, draft_probs)
             first = np.cumsum(inputs.num_drafts + 1) - inputs.num_drafts - 1
             sampler.resample_processed(runs, out.logits, first, inputs)
-            return AsyncOutput(out, runs, self._logprobs(out.logits, inputs, first), timer), None
+            return AsyncOutput(out, runs, self._logprobs(out.logits, inputs, first), timer), EAGER_STEP
         tokens = self.sample(out.logits, inputs)
-        return AsyncOutput(out, tokens, self._logprobs(out.logits, inputs), timer), None
+        return AsyncOutput(out, tokens, self._logprobs(out.logits, inputs), timer), EAGER_STEP
 
     def _launch_ahead(self, sched: SchedulerOutput, drafts: DeviceDrafts, timer: StepTimer
-                      ) -> tuple[AsyncOutput, VerifyStep]:
+                      ) -> tuple[AsyncOutput, LaunchedStep]:
         """A verify step launched before the step that proposed its drafts was read: every request feeds
         its last verified token and the k drafts from the device row (``drafts``, same requests in the
         same order), at positions kept on the device. The host's data gives the block tables, the
@@ -263,7 +265,7 @@ class ModelRunner:
         runs, logits, info = self._replay(bucket, kind, n, max(computed[r] for r in rids) + k + 1, k + 1)
         runs = runs.clone()  # the next replay overwrites the graph's outputs
         out = RunnerOutput(req_ids=rids, num_drafts=[k] * n, logits=logits, graph=info)
-        return AsyncOutput(out, runs, timer=timer), VerifyStep(bucket, runs, drafts.start, ids)
+        return AsyncOutput(out, runs, timer=timer), LaunchedStep(bucket, k + 1, runs, ahead=True)
 
     def _logprobs(self, logits: torch.Tensor, inputs: InputBatch, first: np.ndarray | None = None):
         """The sampled tokens' logprobs, computed when the step is read; None when no request asks.
